@@ -1,0 +1,229 @@
+"""The local backend: a persistent bash inside bubblewrap.
+
+Namespaces: user (uid 0 mapped to the caller, so no host capabilities), pid, ipc, uts, net
+(off unless enabled) and mount. The host root is either mounted read-only entry by entry,
+or (as root) used as the lower layer of an overlay whose upper layer is a tmpfs living in a
+private mount namespace: writes are thrown away with the sandbox and nothing is mounted on
+the host. /tmp, /run, /root and /home are private tmpfs; the workspace is a host folder bound
+at `workdir`; a transfer folder bound at /.clotho carries files in and out without base64.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import shutil
+import uuid
+from pathlib import Path
+
+from clotho.errors import SandboxError
+from clotho.sandbox.base import ExecResult, Sandbox
+from clotho.sandbox.config import LocalSandboxConfig, base_env
+from clotho.sandbox.shell import PersistentShell
+from clotho.sandbox.state import make_state_dir, remove_state_dir
+
+XFER_MOUNT = "/.clotho"
+_PRIVATE_DIRS = ("tmp", "run", "root", "home")
+_SKIPPED_ROOT_ENTRIES = {"proc", "dev", "sys", *_PRIVATE_DIRS}
+_RO_EXTRA_DIRS = ("/logs", "/tests", "/solution")
+_BIG_FILE = 1 << 20
+
+INSTALL_HINT = (
+    "bubblewrap (bwrap) is not installed; the local sandbox refuses to run without it. "
+    "Install it with `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`, "
+    "or pass --sandbox unsafe-local to run commands on the host without isolation."
+)
+
+# Exit codes our own file-transfer scripts use.
+_NOT_FOUND, _IS_DIR = 80, 81
+
+
+def _ro_root_args() -> list[str]:
+    args: list[str] = []
+    for name in sorted(os.listdir("/")):
+        if name in _SKIPPED_ROOT_ENTRIES or name.startswith("."):
+            continue
+        path = f"/{name}"
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def bwrap_argv(config: LocalSandboxConfig, root_mode: str, state: Path) -> list[str]:
+    argv = ["bwrap"]
+    if root_mode == "overlay":
+        argv += ["--bind", str(state / "ovl" / "m"), "/"]
+    else:
+        argv += _ro_root_args()
+        for path in _RO_EXTRA_DIRS:
+            argv += ["--tmpfs", path]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    for name in _PRIVATE_DIRS:
+        argv += ["--tmpfs", f"/{name}"]
+    argv += ["--bind", str(state / "app"), config.workdir]
+    argv += ["--bind", str(state / "xfer"), XFER_MOUNT]
+    argv += ["--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0"]
+    if config.network:
+        argv += ["--share-net"]
+    argv += ["--hostname", "clotho", "--die-with-parent", "--new-session"]
+    argv += ["--chdir", config.workdir, "bash", "--noprofile", "--norc"]
+    if root_mode == "overlay":
+        mount = (
+            'mount -t tmpfs -o mode=0755 clotho "$0" && mkdir "$0/u" "$0/w" "$0/m" && '
+            'mount -t overlay clotho -o lowerdir=/,upperdir="$0/u",workdir="$0/w" "$0/m" '
+            '&& exec "$@"'
+        )
+        ovl = state / "ovl"
+        ovl.mkdir()
+        return [
+            "unshare", "--mount", "--propagation", "private", "--",
+            "/bin/sh", "-c", mount, str(ovl), *argv,
+        ]  # fmt: skip
+    return argv
+
+
+def resolve_root_mode(config: LocalSandboxConfig) -> str:
+    if config.root != "auto":
+        if config.root == "overlay" and os.geteuid() != 0:
+            raise SandboxError("root='overlay' needs root privileges; use root='ro'")
+        return config.root
+    return "overlay" if os.geteuid() == 0 and shutil.which("unshare") else "ro"
+
+
+class BwrapSandbox(Sandbox):
+    def __init__(self, config: LocalSandboxConfig, state: Path, shell: PersistentShell,
+                 labels: dict[str, str]) -> None:  # fmt: skip
+        self.config = config
+        self.workdir = config.workdir
+        self.labels = labels
+        self.state = state
+        self._shell = shell
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls, config: LocalSandboxConfig, labels: dict[str, str] | None = None
+    ) -> BwrapSandbox:
+        if shutil.which("bwrap") is None:
+            raise SandboxError(INSTALL_HINT)
+        labels = dict(labels or {})
+        root_mode = resolve_root_mode(config)
+        state = make_state_dir(config.state_dir, labels)
+        try:
+            (state / "app").mkdir()
+            (state / "xfer").mkdir()
+            argv = bwrap_argv(config, root_mode, state)
+            shell = PersistentShell(
+                argv,
+                env=base_env("/root", config.env),
+                max_output_bytes=config.max_output_bytes,
+            )
+            await shell.start()
+        except BaseException:
+            remove_state_dir(state)
+            raise
+        return cls(config, state, shell, labels)
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        return await self._shell.run(
+            cmd, timeout=timeout, cwd=self.resolve(cwd or self.workdir), env=env, user=user
+        )
+
+    def _xfer_name(self) -> tuple[Path, str]:
+        name = uuid.uuid4().hex
+        return self.state / "xfer" / name, f"{XFER_MOUNT}/{name}"
+
+    async def _transfer(self, script: str, what: str) -> ExecResult:
+        result = await self._shell.run(script)
+        if result.exit_code == _NOT_FOUND:
+            raise FileNotFoundError(f"no such file or directory in the sandbox: {what}")
+        if result.exit_code == _IS_DIR:
+            raise IsADirectoryError(f"is a directory: {what}")
+        if result.exit_code != 0:
+            raise OSError(f"file transfer failed for {what}: {result.stderr.strip()}")
+        return result
+
+    async def read_file(self, path: str) -> bytes:
+        path = self.resolve(path)
+        host, inner = self._xfer_name()
+        q = shlex.quote(path)
+        try:
+            await self._transfer(
+                f"[ -e {q} ] || exit {_NOT_FOUND}; [ -d {q} ] && exit {_IS_DIR}; "
+                f"cat -- {q} > {inner}",
+                path,
+            )
+            if host.stat().st_size > _BIG_FILE:
+                return await asyncio.to_thread(host.read_bytes)
+            return host.read_bytes()
+        finally:
+            host.unlink(missing_ok=True)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        path = self.resolve(path)
+        host, inner = self._xfer_name()
+        if len(data) > _BIG_FILE:
+            await asyncio.to_thread(host.write_bytes, data)
+        else:
+            host.write_bytes(data)
+        q = shlex.quote(path)
+        try:
+            await self._transfer(
+                f"[ -d {q} ] && exit {_IS_DIR}; mkdir -p -- \"$(dirname -- {q})\" && "
+                f"cat -- {inner} > {q}",
+                path,
+            )
+        finally:
+            host.unlink(missing_ok=True)
+
+    async def upload(self, local: Path, remote: str) -> None:
+        remote = self.resolve(remote)
+        if local.is_file():
+            await self.write_file(remote, local.read_bytes())
+            return
+        if not local.is_dir():
+            raise FileNotFoundError(f"no such file or directory on the host: {local}")
+        host, inner = self._xfer_name()
+        await asyncio.to_thread(shutil.copytree, local, host, symlinks=True)
+        q = shlex.quote(remote)
+        try:
+            await self._transfer(f"mkdir -p -- {q} && cp -a -- {inner}/. {q}/", remote)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, host, True)
+
+    async def download(self, remote: str, local: Path) -> None:
+        remote = self.resolve(remote)
+        host, inner = self._xfer_name()
+        q = shlex.quote(remote)
+        try:
+            await self._transfer(
+                f"[ -e {q} ] || exit {_NOT_FOUND}; cp -R --preserve=mode,timestamps -- {q} {inner}",
+                remote,
+            )
+            local.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(shutil.move, host, local)
+        finally:
+            if host.is_dir():
+                await asyncio.to_thread(shutil.rmtree, host, True)
+            else:
+                host.unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._shell.close()
+        finally:
+            await asyncio.to_thread(remove_state_dir, self.state)

@@ -1,0 +1,55 @@
+"""Sandbox configuration: one model per backend, chosen by the `backend` field."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workdir: str = "/app"
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    max_output_bytes: int = Field(8 << 20, description="per stream; the middle is dropped beyond")
+    state_dir: str | None = Field(None, description="host folder for sandbox state (default: TMPDIR)")
+
+
+class LocalSandboxConfig(_Common):
+    """bubblewrap: namespaces, host root read-only or as a throw-away overlay."""
+
+    backend: Literal["local"] = "local"
+    root: Literal["auto", "overlay", "ro"] = Field(
+        "auto", description="overlay needs root; auto picks overlay as root, else ro"
+    )
+    network: bool = False
+
+
+class UnsafeLocalSandboxConfig(_Common):
+    """Plain processes in a temporary directory on the host. No isolation at all."""
+
+    backend: Literal["unsafe-local"] = "unsafe-local"
+
+
+SandboxConfig = Annotated[
+    LocalSandboxConfig | UnsafeLocalSandboxConfig, Field(discriminator="backend")
+]
+
+
+def base_env(home: str, extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a sandbox shell: nothing leaks in from the host process."""
+    env = {
+        "PATH": DEFAULT_PATH,
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "PAGER": "cat",
+        "GIT_PAGER": "cat",
+        "DEBIAN_FRONTEND": "noninteractive",
+    }
+    env.update(extra)
+    return env

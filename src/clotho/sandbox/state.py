@@ -1,0 +1,28 @@
+"""Host-side state of a local sandbox: a labelled folder that a reaper can recognise."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+STATE_PREFIX = "clotho-sbx-"
+LEASE_FILE = "lease.json"
+
+
+def make_state_dir(state_dir: str | None, labels: dict[str, str]) -> Path:
+    """Create the sandbox folder and write who owns it, so leftovers can be collected."""
+    parent = Path(state_dir or tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"{STATE_PREFIX}{secrets.token_hex(3)}-", dir=parent))
+    lease = {"owner_pid": os.getpid(), "created": time.time(), "labels": labels}
+    (path / LEASE_FILE).write_text(json.dumps(lease))
+    return path
+
+
+def remove_state_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,93 @@
+"""The `unsafe-local` backend: a persistent bash on the host, in a temporary directory.
+
+There is no isolation: commands see and can change the whole host. Paths are host paths;
+the workdir is the temporary directory, so tasks that hard-code /app will not find it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+from clotho.sandbox.base import ExecResult, Sandbox
+from clotho.sandbox.config import UnsafeLocalSandboxConfig, base_env
+from clotho.sandbox.shell import PersistentShell
+from clotho.sandbox.state import make_state_dir, remove_state_dir
+
+
+class UnsafeLocalSandbox(Sandbox):
+    def __init__(self, state: Path, shell: PersistentShell, labels: dict[str, str]) -> None:
+        self.state = state
+        self.workdir = str(state / "app")
+        self.labels = labels
+        self._shell = shell
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls, config: UnsafeLocalSandboxConfig, labels: dict[str, str] | None = None
+    ) -> UnsafeLocalSandbox:
+        labels = dict(labels or {})
+        state = make_state_dir(config.state_dir, labels)
+        (state / "app").mkdir()
+        (state / "home").mkdir()
+        shell = PersistentShell(
+            ["bash", "--noprofile", "--norc"],
+            env=base_env(str(state / "home"), {"TMPDIR": str(state), **config.env}),
+            cwd=str(state / "app"),
+            max_output_bytes=config.max_output_bytes,
+        )
+        try:
+            await shell.start()
+        except BaseException:
+            remove_state_dir(state)
+            raise
+        return cls(state, shell, labels)
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        return await self._shell.run(
+            cmd, timeout=timeout, cwd=self.resolve(cwd or self.workdir), env=env, user=user
+        )
+
+    async def read_file(self, path: str) -> bytes:
+        return await asyncio.to_thread(Path(self.resolve(path)).read_bytes)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        target = Path(self.resolve(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(target.write_bytes, data)
+
+    async def upload(self, local: Path, remote: str) -> None:
+        target = Path(self.resolve(remote))
+        if local.is_dir():
+            await asyncio.to_thread(
+                shutil.copytree, local, target, symlinks=True, dirs_exist_ok=True
+            )
+        else:
+            await self.write_file(remote, local.read_bytes())
+
+    async def download(self, remote: str, local: Path) -> None:
+        source = Path(self.resolve(remote))
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            await asyncio.to_thread(shutil.copytree, source, local, symlinks=True)
+        else:
+            await asyncio.to_thread(shutil.copy2, source, local)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._shell.close()
+        finally:
+            await asyncio.to_thread(remove_state_dir, self.state)
