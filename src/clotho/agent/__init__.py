@@ -1,0 +1,20 @@
+"""Agents: the model-driven loop and the reference agents."""
+
+from clotho.agent.base import Agent, AgentContext
+from clotho.agent.llm import LLMAgent
+from clotho.agent.loop import AgentLimits, AgentLoop, ChatModel
+from clotho.agent.reference import NopAgent, OracleAgent
+from clotho.agent.result import AgentResult, ToolErrorRecord
+
+__all__ = [
+    "Agent",
+    "AgentContext",
+    "AgentLimits",
+    "AgentLoop",
+    "AgentResult",
+    "ChatModel",
+    "LLMAgent",
+    "NopAgent",
+    "OracleAgent",
+    "ToolErrorRecord",
+]

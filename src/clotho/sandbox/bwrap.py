@@ -180,7 +180,7 @@ class BwrapSandbox(Sandbox):
         q = shlex.quote(path)
         try:
             await self._transfer(
-                f"[ -d {q} ] && exit {_IS_DIR}; mkdir -p -- \"$(dirname -- {q})\" && "
+                f'[ -d {q} ] && exit {_IS_DIR}; mkdir -p -- "$(dirname -- {q})" && '
                 f"cat -- {inner} > {q}",
                 path,
             )

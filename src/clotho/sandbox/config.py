@@ -15,7 +15,9 @@ class _Common(BaseModel):
     workdir: str = "/app"
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     max_output_bytes: int = Field(8 << 20, description="per stream; the middle is dropped beyond")
-    state_dir: str | None = Field(None, description="host folder for sandbox state (default: TMPDIR)")
+    state_dir: str | None = Field(
+        None, description="host folder for sandbox state (default: TMPDIR)"
+    )
 
 
 class LocalSandboxConfig(_Common):

@@ -135,7 +135,9 @@ class PersistentShell:
         self._shell_pid: int | None = None
         self._out = bytearray()
         self._err = bytearray()
-        self._pending: asyncio.Task[tuple[tuple[bytes, int | None], tuple[bytes, int | None]]] | None = None
+        self._pending: (
+            asyncio.Task[tuple[tuple[bytes, int | None], tuple[bytes, int | None]]] | None
+        ) = None
         self._dead: str | None = None
 
     @property
@@ -210,7 +212,11 @@ class PersistentShell:
                         self._proc.stdout, self._out, out_marker.encode(), self._cap, with_code=True
                     ),
                     _read_to_marker(
-                        self._proc.stderr, self._err, err_marker.encode(), self._cap, with_code=False
+                        self._proc.stderr,
+                        self._err,
+                        err_marker.encode(),
+                        self._cap,
+                        with_code=False,
                     ),
                 )
             )

@@ -1,0 +1,17 @@
+"""Tools the agent calls; all of them act inside the rollout's sandbox."""
+
+from clotho.tools.builtin import default_registry
+from clotho.tools.registry import Tool, tool
+from clotho.tools.runtime import ToolFailure, ToolRuntime
+from clotho.tools.toolsets import ToolRegistry, Toolset, ToolsetDistribution
+
+__all__ = [
+    "Tool",
+    "ToolFailure",
+    "ToolRegistry",
+    "ToolRuntime",
+    "Toolset",
+    "ToolsetDistribution",
+    "default_registry",
+    "tool",
+]

@@ -1,0 +1,26 @@
+"""The `clotho` command."""
+
+from __future__ import annotations
+
+import typer
+
+from clotho import __version__
+from clotho.cli.eval_cmd import eval_command
+
+app = typer.Typer(
+    name="clotho",
+    help="Run LLM agents with tools in sandboxes and verify their work with each task's tests.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command("eval")(eval_command)
+
+
+@app.command()
+def version() -> None:
+    """Print the clotho version."""
+    print(__version__)
+
+
+if __name__ == "__main__":
+    app()
