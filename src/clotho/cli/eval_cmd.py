@@ -79,7 +79,7 @@ def print_report(metrics: RunMetrics, out: Path) -> None:
     console.print(table)
     if metrics.pass_rate_ci95:
         lo, hi = metrics.pass_rate_ci95
-        console.print(f"95% interval of the pass rate: {lo:.1%} – {hi:.1%}")
+        console.print(f"95% interval of the pass rate: {lo:.1%} to {hi:.1%}")
     if metrics.pass_at_k:
         console.print("pass@k: " + ", ".join(f"@{k} {v:.1%}" for k, v in metrics.pass_at_k.items()))
     if metrics.errors:
