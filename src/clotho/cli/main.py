@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from clotho import __version__
+from clotho.cli.check_cmd import check_command
 from clotho.cli.eval_cmd import eval_command
 
 app = typer.Typer(
@@ -14,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("eval")(eval_command)
+app.command("check")(check_command)
 
 
 @app.command()

@@ -270,10 +270,10 @@ class PersistentShell:
         if proc is None:
             return
         proctree.kill_descendants(proc.pid)
+        # killpg only: Process.kill() polls (waitpid) first and would race asyncio's child
+        # watcher for the zombie, which then logs "Unknown child process".
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
         await proc.wait()
         if self._pending is not None:
             self._pending.cancel()

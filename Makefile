@@ -1,0 +1,43 @@
+# Two entry points: `make demo` and `make test`. Each sets up what it needs first.
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.stamp-install
+PYTHON ?= python3
+
+.PHONY: demo test lint format system-deps clean
+
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: system-deps $(STAMP)
+	@echo "== checking the bundled tasks: the reference solution must pass, doing nothing must fail"
+	$(BIN)/clotho check examples/tasks
+	@echo "== evaluating the oracle agent on the bundled tasks"
+	@rm -rf runs/demo
+	$(BIN)/clotho eval examples/tasks --agent oracle --out runs/demo
+	@echo
+	@echo "To evaluate a model, point clotho at any OpenAI-compatible endpoint, e.g.:"
+	@echo "  $(BIN)/clotho eval examples/tasks --agent llm --model Qwen/Qwen3-8B \\"
+	@echo "      --base-url http://127.0.0.1:8000/v1 --api-key-env OPENAI_API_KEY"
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests
+
+# pytest exits 5 when it collected no tests: that is a failure here, not a pass.
+test: system-deps $(STAMP) lint
+	@$(BIN)/pytest -q -ra; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install the Debian packages clotho's local sandbox needs (bubblewrap, util-linux for unshare).
+# Runs apt-get only when something is missing and we are root; otherwise says what to install.
+set -euo pipefail
+
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
+command -v git >/dev/null 2>&1 || missing+=(git)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "clotho needs these Debian packages: ${missing[*]}" >&2
+  echo "install them with: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing ${missing[*]} ..." >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

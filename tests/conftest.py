@@ -1,0 +1,78 @@
+"""Shared fixtures: task directories made on the fly, and the bundled examples."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples" / "tasks"
+
+requires_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap is not installed (make test installs it)"
+)
+
+TaskFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def examples_dir() -> Path:
+    return EXAMPLES
+
+
+@pytest.fixture
+def make_task(tmp_path: Path) -> TaskFactory:
+    """Write a small Harbor task; by default the solution creates /app/done.txt with 'ok'."""
+
+    def make(
+        name: str = "t",
+        *,
+        category: str = "files",
+        test_sh: str | None = None,
+        solve_sh: str = "echo ok > /app/done.txt\n",
+        instruction: str = "Write ok into /app/done.txt.",
+        toml_extra: str = "",
+        env_files: dict[str, str] | None = None,
+        root: Path | None = None,
+    ) -> Path:
+        task = (root or tmp_path / "tasks") / name
+        (task / "tests").mkdir(parents=True)
+        (task / "solution").mkdir()
+        (task / "environment").mkdir()
+        (task / "task.toml").write_text(
+            textwrap.dedent(
+                f"""\
+                version = "1.0"
+                [metadata]
+                category = "{category}"
+                [verifier]
+                timeout_sec = 30.0
+                [agent]
+                timeout_sec = 60.0
+                """
+            )
+            + toml_extra
+        )
+        (task / "instruction.md").write_text(instruction)
+        (task / "tests" / "test.sh").write_text(
+            test_sh
+            or textwrap.dedent(
+                """\
+                mkdir -p /logs/verifier
+                if [ "$(cat /app/done.txt 2>/dev/null)" = ok ]; then echo 1; else echo 0; fi \\
+                  > /logs/verifier/reward.txt
+                """
+            )
+        )
+        (task / "solution" / "solve.sh").write_text(solve_sh)
+        for rel, content in (env_files or {}).items():
+            target = task / "environment" / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        return task
+
+    return make
