@@ -57,10 +57,18 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_oracle_passes_every_bundled_task(examples_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("root", ["overlay", "ro"])
+def test_oracle_passes_every_bundled_task(examples_dir: Path, tmp_path: Path, root: str) -> None:
     out = tmp_path / "run"
     proc = clotho(
-        "eval", str(examples_dir), "--agent", "oracle", "--out", str(out), "--concurrency", "4"
+        "eval",
+        str(examples_dir),
+        "--agent",
+        "oracle",
+        "--out",
+        str(out),
+        "--set",
+        f"sandbox.root={root}",
     )
     assert proc.returncode == 0, proc.stderr
     rows = results(out)

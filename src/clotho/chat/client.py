@@ -164,13 +164,16 @@ class ChatClient:
             message = choice["message"]
             if not isinstance(message, dict):
                 raise TypeError("message is not an object")
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            usage = data.get("usage") or {}
+            if not isinstance(usage, dict):
+                raise TypeError("usage is not an object")
+            counts = Usage(**{k: int(usage.get(k) or 0) for k in Usage.model_fields})
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:
             raise _Retryable(f"{url}: malformed response ({exc}): {response.text[:300]}") from exc
-        usage = data.get("usage") or {}
         return ChatResponse(
             message=message,
             finish_reason=choice.get("finish_reason"),
-            usage=Usage(**{k: int(usage.get(k) or 0) for k in Usage.model_fields}),
+            usage=counts,
             model=data.get("model"),
             latency_s=time.perf_counter() - started,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from pydantic import ValidationError
@@ -13,11 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clotho.chat.client import ModelConfig, SamplingParams
-from clotho.errors import ClothoError
+from clotho.cli.config_io import apply_sets, load_config_file, merge
+from clotho.errors import ClothoError, ConfigError
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
-from clotho.sandbox.config import LocalSandboxConfig, UnsafeLocalSandboxConfig
 
 console = Console(stderr=True)
 
@@ -92,26 +91,46 @@ def print_report(metrics: RunMetrics, out: Path) -> None:
 
 
 def eval_command(
-    paths: Annotated[list[Path], typer.Argument(help="task directories or folders of them")],
+    paths: Annotated[
+        list[Path] | None, typer.Argument(help="task directories or folders of them")
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML/JSON file with an EvalConfig")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override a config field: key.path=value")
+    ] = None,
     agent: Annotated[
-        Literal["llm", "oracle", "nop"], typer.Option(help="who does the task")
-    ] = "llm",
+        Literal["llm", "oracle", "nop"] | None,
+        typer.Option(help="who does the task (default: llm)"),
+    ] = None,
     model: Annotated[str | None, typer.Option(help="model name for --agent llm")] = None,
     base_url: Annotated[
         list[str] | None, typer.Option(help="OpenAI-compatible base URL; repeat to balance")
     ] = None,
     api_key_env: Annotated[
-        str, typer.Option(help="environment variable with the API key")
-    ] = "OPENAI_API_KEY",
+        str | None,
+        typer.Option(help="environment variable with the API key (default: OPENAI_API_KEY)"),
+    ] = None,
     temperature: Annotated[float | None, typer.Option(help="sampling temperature")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="max tokens per model reply")] = None,
-    max_turns: Annotated[int, typer.Option(help="max model turns per attempt")] = 30,
+    max_turns: Annotated[
+        int | None, typer.Option(help="max model turns per attempt (default: 30)")
+    ] = None,
     sandbox: Annotated[
-        Literal["local", "unsafe-local"], typer.Option(help="sandbox backend")
-    ] = "local",
-    network: Annotated[bool, typer.Option(help="give local sandboxes network access")] = False,
-    concurrency: Annotated[int, typer.Option(min=1, help="attempts running at once")] = 4,
-    attempts: Annotated[int, typer.Option(min=1, help="attempts per task (pass@k)")] = 1,
+        Literal["local", "unsafe-local"] | None,
+        typer.Option(help="sandbox backend (default: local)"),
+    ] = None,
+    network: Annotated[
+        bool | None,
+        typer.Option(
+            "--network/--no-network", help="network access for local sandboxes (default: off)"
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help="attempts running at once (default: 4)")
+    ] = None,
+    attempts: Annotated[
+        int | None, typer.Option(help="attempts per task, for pass@k (default: 1)")
+    ] = None,
     task_timeout: Annotated[
         float | None, typer.Option(help="wall-clock seconds per attempt, agent + verification")
     ] = None,
@@ -124,39 +143,55 @@ def eval_command(
     out: Annotated[Path | None, typer.Option(help="run directory")] = None,
     resume: Annotated[bool, typer.Option(help="continue the run in --out")] = False,
 ) -> None:
-    """Run an agent on Harbor / Terminal-Bench tasks and report pass rates."""
-    out = out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{agent}"
+    """Run an agent on Harbor / Terminal-Bench tasks and report pass rates.
+
+    Settings come from --config, then the flags, then --set overrides; the resolved
+    configuration is written to the run directory as config.json.
+    """
     try:
-        model_config = None
-        if agent == "llm":
-            if not model:
-                raise typer.BadParameter("--agent llm needs --model (and usually --base-url)")
-            sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens)
-            model_config = ModelConfig(
-                model=model,
-                base_url=base_url or ["http://127.0.0.1:8000/v1"],
-                api_key_env=api_key_env,
-                sampling=sampling,
-            )
-        sandbox_config = (
-            LocalSandboxConfig(network=network)
-            if sandbox == "local"
-            else UnsafeLocalSandboxConfig()
-        )
-        config = EvalConfig(
-            paths=[str(p) for p in paths],
-            agent=agent,
-            model=model_config,
-            sandbox=sandbox_config,
-            concurrency=concurrency,
-            attempts=attempts,
-            task_timeout_s=task_timeout,
-            max_turns=max_turns,
-            filter=_split(filter),
-            skip=_split(skip),
-        )
+        data = load_config_file(config) if config else {}
+        flags: dict[str, Any] = {
+            "paths": [str(p) for p in paths] if paths else None,
+            "agent": agent,
+            "concurrency": concurrency,
+            "attempts": attempts,
+            "task_timeout_s": task_timeout,
+            "max_turns": max_turns,
+            "filter": _split(filter) or None,
+            "skip": _split(skip) or None,
+        }
+        model_flags = {
+            "model": model,
+            "base_url": base_url,
+            "api_key_env": api_key_env,
+            "sampling": {
+                k: v
+                for k, v in {"temperature": temperature, "max_tokens": max_tokens}.items()
+                if v is not None
+            }
+            or None,
+        }
+        model_flags = {k: v for k, v in model_flags.items() if v is not None}
+        if model_flags:
+            flags["model"] = model_flags
+        sandbox_flags = {
+            k: v for k, v in {"backend": sandbox, "network": network}.items() if v is not None
+        }
+        if sandbox_flags:
+            flags["sandbox"] = sandbox_flags
+        data = merge(data, {k: v for k, v in flags.items() if v is not None})
+        data = apply_sets(data, set_ or [])
+        if not data.get("paths"):
+            raise ConfigError("give at least one task path (argument or `paths:` in --config)")
+        data.setdefault("sandbox", {}).setdefault("backend", "local")
+        eval_config = EvalConfig.model_validate(data)
     except ValidationError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+        console.print(f"[red]invalid configuration:[/]\n{exc}")
+        raise typer.Exit(2) from None
+    except ClothoError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    out = out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{eval_config.agent}"
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -167,11 +202,13 @@ def eval_command(
     )
     try:
         with progress:
-            metrics = asyncio.run(run_eval(config, out, resume=resume, listener=_Live(progress)))
+            metrics = asyncio.run(
+                run_eval(eval_config, out, resume=resume, listener=_Live(progress))
+            )
     except KeyboardInterrupt:
         console.print(
             f"[yellow]interrupted[/]: finished attempts are kept in {out}; "
-            f"continue with: clotho eval {' '.join(map(str, paths))} --out {out} --resume"
+            f"continue with: clotho eval {' '.join(eval_config.paths)} --out {out} --resume"
         )
         raise typer.Exit(130) from None
     except ClothoError as exc:

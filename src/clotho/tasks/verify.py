@@ -69,7 +69,9 @@ async def run_verifier(
 ) -> VerifierOutcome:
     timeout_s = timeout_s or task.config.verifier.timeout_sec
     prep = await sandbox.exec(
-        f"rm -rf {LOGS_DIR} {TESTS_MOUNT} && mkdir -p {LOGS_DIR} {TESTS_MOUNT}", timeout=60
+        # Empty the folders rather than remove them: they may be mount points.
+        f"mkdir -p {LOGS_DIR} {TESTS_MOUNT} && find {LOGS_DIR} {TESTS_MOUNT} -mindepth 1 -delete",
+        timeout=60,
     )
     if prep.exit_code != 0:
         raise VerifierError(f"cannot prepare the verifier folders: {prep.stderr.strip()}")
