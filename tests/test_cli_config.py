@@ -30,7 +30,7 @@ def test_set_parses_yaml_values_and_nests() -> None:
 
 
 def test_set_without_equals_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="key.path=value"):
+    with pytest.raises(ConfigError, match=r"key\.path=value"):
         apply_sets({}, ["concurrency"])
 
 
