@@ -1,0 +1,1 @@
+"""Tiny inventory reporting tool."""

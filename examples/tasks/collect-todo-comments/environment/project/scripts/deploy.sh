@@ -1,0 +1,4 @@
+#!/bin/sh
+set -e
+# TODO - add a dry-run flag
+rsync -a build/ server:/srv/app/

@@ -1,0 +1,5 @@
+// FIXME: race condition when two requests arrive at once
+function handler(req, res) {
+  /* TODO: validate req.body */
+  res.send("ok");
+}

@@ -1,0 +1,3 @@
+#!/bin/bash
+# backup job (placeholder)
+echo "backup ran at $(date)"

@@ -1,0 +1,3 @@
+#!/bin/bash
+# cleanup job (placeholder)
+echo "cleanup ran at $(date)"

@@ -1,0 +1,3 @@
+#!/bin/bash
+# healthcheck job (placeholder)
+echo "healthcheck ran at $(date)"

@@ -1,0 +1,3 @@
+#!/bin/bash
+# report job (placeholder)
+echo "report ran at $(date)"
