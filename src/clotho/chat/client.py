@@ -20,7 +20,8 @@ from tenacity import (
     RetryCallState,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from clotho.chat.types import ChatResponse, Usage
@@ -105,9 +106,11 @@ class ChatClient:
         return min(self._endpoints, key=lambda e: e.unhealthy_until)
 
     def _wait(self, state: RetryCallState) -> float:
-        backoff = wait_exponential_jitter(
-            initial=self.config.backoff_initial_s, max=self.config.backoff_max_s
-        )(state)
+        initial, cap = self.config.backoff_initial_s, self.config.backoff_max_s
+        # Exponential from `initial`, with jitter of the same scale so small settings stay small.
+        backoff = min(
+            cap, (wait_exponential(multiplier=initial, max=cap) + wait_random(0, initial))(state)
+        )
         exc = state.outcome.exception() if state.outcome else None
         if isinstance(exc, _Retryable) and exc.retry_after is not None:
             return max(backoff, min(exc.retry_after, self.config.backoff_max_s))

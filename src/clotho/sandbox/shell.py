@@ -192,6 +192,8 @@ class PersistentShell:
             if self._proc is None or self._proc.stdin is None:
                 raise SandboxError("sandbox shell is not started")
             await self._finish_pending()
+            if self._dead:
+                raise SandboxError(self._dead)
             self._seq += 1
             out_marker = f"__CLOTHO_{self._token}_{self._seq}_OUT__"
             err_marker = f"__CLOTHO_{self._token}_{self._seq}_ERR__"
@@ -235,7 +237,15 @@ class PersistentShell:
                 # the next run() drain its markers.
                 self.kill_running()
                 raise
-            (stdout, code), (stderr, _) = io.result()
+            if io.cancelled():  # close() while the command ran
+                raise SandboxError(self._dead or "the sandbox is closed")
+            try:
+                (stdout, code), (stderr, _) = io.result()
+            except SandboxError as exc:
+                # The shell died: the other stream's reader may still be waiting, so no further
+                # command may start reading.
+                self._dead = self._dead or str(exc)
+                raise
             self._pending = None
             return ExecResult(
                 exit_code=-9 if timed_out else (code if code is not None else -1),

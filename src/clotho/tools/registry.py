@@ -87,7 +87,8 @@ class Tool:
         return self.params.model_validate(arguments)
 
     async def run(self, runtime: ToolRuntime, arguments: BaseModel) -> str:
-        return await self.fn(runtime, **{k: getattr(arguments, k) for k in arguments.model_fields})
+        fields = type(arguments).model_fields
+        return await self.fn(runtime, **{k: getattr(arguments, k) for k in fields})
 
 
 def describe_validation_error(exc: ValidationError) -> str:

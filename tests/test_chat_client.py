@@ -1,0 +1,364 @@
+"""ChatClient against the scripted OpenAI-compatible test double (a real HTTP server)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tests.scripted_openai import (
+    CHAT_PATH,
+    HTTPError,
+    RawBody,
+    Reply,
+    ScriptedOpenAIServer,
+    assistant,
+    chat_client,
+    fast_config,
+    tool_call,
+    unused_url,
+    usage,
+)
+
+from clotho.chat import ChatClient, ModelConfig, SamplingParams, Usage
+from clotho.errors import ConfigError, InfraError, ModelError
+
+USER = [{"role": "user", "content": "hello"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "terminal",
+            "description": "run a command",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
+
+
+# -- request body and response parsing ---------------------------------------------------------
+
+
+async def test_request_body_has_model_messages_tools_sampling_and_extra_body() -> None:
+    call = tool_call("terminal", {"command": "ls"}, id="call_1")
+    with ScriptedOpenAIServer([Reply(assistant("ok", [call]), usage=usage(12, 3))]) as server:
+        config = fast_config(
+            server.base_url,
+            model="my-model",
+            sampling=SamplingParams(
+                temperature=0.2, top_p=0.9, max_tokens=64, stop=["END"], seed=7, min_p=0.05
+            ),
+            extra_body={"chat_template_kwargs": {"enable_thinking": True}, "top_k": 20},
+        )
+        async with chat_client(config) as client:
+            response = await client.complete(USER, TOOLS)
+
+    assert server.paths == [CHAT_PATH]
+    assert server.requests == [
+        {
+            "model": "my-model",
+            "messages": USER,
+            "tools": TOOLS,
+            "temperature": 0.2,
+            "top_p": 0.9,
+            "max_tokens": 64,
+            "stop": ["END"],
+            "seed": 7,
+            "min_p": 0.05,  # extra sampling fields are allowed and sent
+            "chat_template_kwargs": {"enable_thinking": True},
+            "top_k": 20,
+        }
+    ]
+    assert response.message["content"] == "ok"
+    assert response.message["tool_calls"] == [call]
+    assert response.finish_reason == "tool_calls"
+    assert response.usage == Usage(prompt_tokens=12, completion_tokens=3, total_tokens=15)
+    assert response.model == "scripted-model"
+    assert response.latency_s > 0
+
+
+async def test_unset_sampling_fields_and_empty_tools_are_not_sent() -> None:
+    with ScriptedOpenAIServer([assistant("a"), assistant("b")]) as server:
+        async with chat_client(fast_config(server.base_url)) as client:
+            await client.complete(USER)
+            await client.complete(USER, [])
+    for body in server.requests:
+        assert body == {"model": "scripted-model", "messages": USER, "temperature": 1.0}
+
+
+async def test_extra_body_overrides_sampling() -> None:
+    with ScriptedOpenAIServer([assistant("a")]) as server:
+        config = fast_config(
+            server.base_url,
+            sampling=SamplingParams(temperature=0.7),
+            extra_body={"temperature": 0.0},
+        )
+        async with chat_client(config) as client:
+            await client.complete(USER)
+    assert server.requests[0]["temperature"] == 0.0
+
+
+async def test_missing_or_null_usage_counts_as_zero() -> None:
+    script = [
+        assistant("no usage"),
+        Reply(assistant("null fields"), usage={"prompt_tokens": None, "completion_tokens": 4}),
+    ]
+    with ScriptedOpenAIServer(script) as server:
+        async with chat_client(fast_config(server.base_url)) as client:
+            first = await client.complete(USER)
+            second = await client.complete(USER)
+    assert first.usage == Usage()
+    assert second.usage == Usage(prompt_tokens=0, completion_tokens=4, total_tokens=0)
+
+
+async def test_trailing_slash_in_base_url_is_ignored() -> None:
+    with ScriptedOpenAIServer([assistant("a")]) as server:
+        async with chat_client(fast_config(server.base_url + "/")) as client:
+            await client.complete(USER)
+    assert server.paths == [CHAT_PATH]
+
+
+def test_empty_base_url_list_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="at least one URL"):
+        ChatClient(ModelConfig(model="m", base_url=[]))
+
+
+# -- authorization ------------------------------------------------------------------------------
+
+
+async def test_authorization_header_comes_from_the_named_env_var() -> None:
+    with ScriptedOpenAIServer([assistant("a")]) as server:
+        config = fast_config(server.base_url, api_key_env="MY_PROVIDER_KEY")
+        async with chat_client(
+            config, environ={"MY_PROVIDER_KEY": "sk-test-123", "OPENAI_API_KEY": "sk-wrong"}
+        ) as client:
+            await client.complete(USER)
+    assert server.headers[0]["authorization"] == "Bearer sk-test-123"
+
+
+async def test_no_authorization_header_when_the_env_var_is_unset() -> None:
+    with ScriptedOpenAIServer([assistant("a")]) as server:
+        config = fast_config(server.base_url, api_key_env="MY_PROVIDER_KEY")
+        async with chat_client(config, environ={"OPENAI_API_KEY": "sk-other"}) as client:
+            await client.complete(USER)
+    assert "authorization" not in server.headers[0]
+
+
+async def test_explicit_api_key_wins_over_the_environment() -> None:
+    with ScriptedOpenAIServer([assistant("a")]) as server:
+        config = fast_config(server.base_url, api_key_env="MY_PROVIDER_KEY")
+        async with chat_client(
+            config, api_key="sk-explicit", environ={"MY_PROVIDER_KEY": "sk-env"}
+        ) as client:
+            await client.complete(USER)
+    assert server.headers[0]["authorization"] == "Bearer sk-explicit"
+
+
+# -- retries ----------------------------------------------------------------------------------
+
+
+async def test_5xx_is_retried_then_succeeds() -> None:
+    script = [HTTPError(500), HTTPError(503), assistant("third time lucky")]
+    with ScriptedOpenAIServer(script) as server:
+        async with chat_client(fast_config(server.base_url)) as client:
+            response = await client.complete(USER, TOOLS)
+    assert response.message["content"] == "third time lucky"
+    assert len(server.requests) == 3
+    # Every attempt sends the same request.
+    assert server.requests[0] == server.requests[1] == server.requests[2]
+
+
+async def test_429_is_retried() -> None:
+    with ScriptedOpenAIServer([HTTPError(429), assistant("after the rate limit")]) as server:
+        async with chat_client(fast_config(server.base_url)) as client:
+            response = await client.complete(USER)
+    assert response.message["content"] == "after the rate limit"
+    assert len(server.requests) == 2
+
+
+async def test_retry_after_is_capped_by_backoff_max() -> None:
+    script = [HTTPError(429, headers={"Retry-After": "30"}), assistant("ok")]
+    with ScriptedOpenAIServer(script) as server:
+        async with chat_client(fast_config(server.base_url, backoff_max_s=0.05)) as client:
+            started = time.perf_counter()
+            response = await client.complete(USER)
+            elapsed = time.perf_counter() - started
+    assert response.message["content"] == "ok"
+    assert elapsed < 2.0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        RawBody("this is not json"),
+        RawBody('{"choices": [{"message": {"role": "assis'),  # cut off
+        RawBody("<html>502 Bad Gateway</html>", content_type="text/html"),
+        RawBody('{"object": "chat.completion"}'),  # no choices
+        RawBody('{"choices": []}'),
+        RawBody('{"choices": [{"message": "just text"}]}'),
+        RawBody("[]"),
+        RawBody('{"choices": [{"message": {"content": "x"}}], "usage": "many"}'),
+        RawBody('{"choices": [{"message": {"content": "x"}}], "usage": {"total_tokens": "lots"}}'),
+    ],
+    ids=[
+        "not-json",
+        "truncated",
+        "html",
+        "no-choices",
+        "empty-choices",
+        "message-not-object",
+        "json-array",
+        "usage-not-object",
+        "usage-not-int",
+    ],
+)
+async def test_malformed_body_is_retried(bad: RawBody) -> None:
+    with ScriptedOpenAIServer([bad, assistant("well-formed")]) as server:
+        async with chat_client(fast_config(server.base_url)) as client:
+            response = await client.complete(USER)
+    assert response.message["content"] == "well-formed"
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422])
+async def test_client_errors_are_not_retried(status: int) -> None:
+    script = [HTTPError(status, '{"error": "context length exceeded"}'), assistant("unused")]
+    with ScriptedOpenAIServer(script) as server:
+        async with chat_client(fast_config(server.base_url, max_retries=5)) as client:
+            with pytest.raises(ModelError, match=f"HTTP {status}") as info:
+                await client.complete(USER)
+    assert "context length exceeded" in str(info.value)
+    assert len(server.requests) == 1
+    assert server.remaining == 1
+
+
+async def test_model_error_after_max_retries() -> None:
+    with ScriptedOpenAIServer(default=HTTPError(500, "upstream on fire")) as server:
+        async with chat_client(fast_config(server.base_url, max_retries=2)) as client:
+            with pytest.raises(ModelError) as info:
+                await client.complete(USER)
+    assert isinstance(info.value, InfraError)
+    assert info.value.kind == "infra"
+    assert "after 3 attempts" in str(info.value)
+    assert "HTTP 500" in str(info.value) and "upstream on fire" in str(info.value)
+    assert len(server.requests) == 3
+
+
+async def test_model_error_after_only_malformed_bodies() -> None:
+    with ScriptedOpenAIServer(default=RawBody("{nope")) as server:
+        async with chat_client(fast_config(server.base_url, max_retries=1)) as client:
+            with pytest.raises(ModelError, match="malformed response"):
+                await client.complete(USER)
+    assert len(server.requests) == 2
+
+
+async def test_connection_errors_are_retried_then_raise_model_error() -> None:
+    config = fast_config(unused_url(), max_retries=2)
+    async with chat_client(config) as client:
+        started = time.perf_counter()
+        with pytest.raises(ModelError, match=r"after 3 attempts.*ConnectError"):
+            await client.complete(USER)
+    assert time.perf_counter() - started < 5
+
+
+# -- several endpoints --------------------------------------------------------------------------
+
+
+async def test_two_endpoints_are_used_round_robin() -> None:
+    with (
+        ScriptedOpenAIServer(default=assistant("from a")) as a,
+        ScriptedOpenAIServer(default=assistant("from b")) as b,
+    ):
+        async with chat_client(fast_config(a.base_url, b.base_url)) as client:
+            answers = [(await client.complete(USER)).message["content"] for _ in range(6)]
+    assert answers == ["from a", "from b"] * 3
+    assert len(a.requests) == 3
+    assert len(b.requests) == 3
+
+
+async def test_dead_endpoint_is_skipped_after_its_failure() -> None:
+    with ScriptedOpenAIServer(default=assistant("healthy")) as healthy:
+        # No retries: a call that reaches the dead endpoint fails, so every call after the
+        # first one succeeding proves that the dead endpoint is no longer tried.
+        config = fast_config(unused_url(), healthy.base_url, max_retries=0)
+        async with chat_client(config) as client:
+            with pytest.raises(ModelError, match="ConnectError"):
+                await client.complete(USER)
+            answers = [(await client.complete(USER)).message["content"] for _ in range(5)]
+    assert answers == ["healthy"] * 5
+    assert len(healthy.requests) == 5
+
+
+async def test_dead_endpoint_failure_is_retried_on_the_healthy_one() -> None:
+    with ScriptedOpenAIServer(default=assistant("healthy")) as healthy:
+        config = fast_config(unused_url(), healthy.base_url)
+        async with chat_client(config) as client:
+            answers = [(await client.complete(USER)).message["content"] for _ in range(5)]
+    assert answers == ["healthy"] * 5
+    assert len(healthy.requests) == 5
+
+
+async def test_endpoint_answering_5xx_is_skipped_for_the_cooldown() -> None:
+    with (
+        ScriptedOpenAIServer(default=HTTPError(502)) as broken,
+        ScriptedOpenAIServer(default=assistant("fine")) as fine,
+    ):
+        config = fast_config(broken.base_url, fine.base_url, unhealthy_cooldown_s=30)
+        async with chat_client(config) as client:
+            for _ in range(4):
+                assert (await client.complete(USER)).message["content"] == "fine"
+    assert len(broken.requests) == 1
+    assert len(fine.requests) == 4
+
+
+async def test_dead_endpoint_is_tried_again_after_the_cooldown() -> None:
+    with (
+        ScriptedOpenAIServer(default=HTTPError(500)) as flaky,
+        ScriptedOpenAIServer(default=assistant("fine")) as fine,
+    ):
+        config = fast_config(flaky.base_url, fine.base_url, unhealthy_cooldown_s=0.2)
+        async with chat_client(config) as client:
+            await client.complete(USER)
+            await client.complete(USER)
+            assert len(flaky.requests) == 1
+            time.sleep(0.3)  # noqa: ASYNC251 - nothing else runs; the cool-down must pass
+            await client.complete(USER)
+    assert len(flaky.requests) == 2
+
+
+async def test_only_endpoint_is_used_even_while_cooling_down() -> None:
+    with ScriptedOpenAIServer([HTTPError(500), assistant("recovered")]) as server:
+        config = fast_config(server.base_url, unhealthy_cooldown_s=3600)
+        async with chat_client(config) as client:
+            response = await client.complete(USER)
+    assert response.message["content"] == "recovered"
+    assert len(server.requests) == 2
+
+
+# -- timeouts ---------------------------------------------------------------------------------
+
+
+async def test_request_timeout_is_retried_then_raises_model_error() -> None:
+    slow = Reply(assistant("too late"), delay_s=1.5)
+    with ScriptedOpenAIServer(default=slow) as server:
+        config = fast_config(server.base_url, timeout_s=0.2, max_retries=1)
+        async with chat_client(config) as client:
+            started = time.perf_counter()
+            with pytest.raises(ModelError, match="Timeout"):
+                await client.complete(USER)
+            elapsed = time.perf_counter() - started
+    assert len(server.requests) == 2
+    assert elapsed < 1.4  # the client gave up; it did not wait for the slow answers
+
+
+async def test_request_timeout_then_a_fast_answer_succeeds() -> None:
+    script = [Reply(assistant("too late"), delay_s=1.5), assistant("in time")]
+    with ScriptedOpenAIServer(script) as server:
+        config = fast_config(server.base_url, timeout_s=0.2)
+        async with chat_client(config) as client:
+            response = await client.complete(USER)
+    assert response.message["content"] == "in time"
+    assert len(server.requests) == 2
