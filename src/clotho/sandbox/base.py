@@ -59,7 +59,7 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def download(self, remote: str, local: Path) -> None:
-        """Copy a sandbox file or directory to the host."""
+        """Copy a sandbox file or directory to the host path `local`, which must not exist."""
 
     @abc.abstractmethod
     async def close(self) -> None:

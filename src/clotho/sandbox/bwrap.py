@@ -204,6 +204,8 @@ class BwrapSandbox(Sandbox):
 
     async def download(self, remote: str, local: Path) -> None:
         remote = self.resolve(remote)
+        if local.exists():
+            raise FileExistsError(f"download target already exists: {local}")
         host, inner = self._xfer_name()
         q = shlex.quote(remote)
         try:

@@ -77,6 +77,8 @@ class UnsafeLocalSandbox(Sandbox):
 
     async def download(self, remote: str, local: Path) -> None:
         source = Path(self.resolve(remote))
+        if local.exists():
+            raise FileExistsError(f"download target already exists: {local}")
         local.parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             await asyncio.to_thread(shutil.copytree, source, local, symlinks=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import shlex
 from typing import Literal
 
@@ -32,6 +33,12 @@ def _as_text(data: bytes, path: str) -> str:
         raise ToolFailure(f"{path} is not UTF-8 text: {exc}") from exc
 
 
+def _lines_keepends(text: str) -> list[str]:
+    """Lines with their ends, split at newlines only (str.splitlines also splits at form
+    feeds, lone carriage returns, U+2028...)."""
+    return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
+
+
 @tool
 async def read_file(rt: ToolRuntime, path: str, offset: int = 1, limit: int = 500) -> str:
     """Read a text file, with line numbers.
@@ -44,7 +51,10 @@ async def read_file(rt: ToolRuntime, path: str, offset: int = 1, limit: int = 50
     if offset < 1 or limit < 1:
         raise ToolFailure("offset and limit must be at least 1")
     text = _as_text(await _read_bytes(rt, path), path)
-    lines = text.splitlines()
+    # Only "\n" ends a line (as for grep -n and sed), not str.splitlines()'s \f, \r, U+2028...
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines[-1] == "":
+        lines.pop()
     if not lines:
         return f"{path} is empty"
     if offset > len(lines):
@@ -108,12 +118,16 @@ async def edit_file(
     after = before.replace(old_string, new_string)
     await rt.sandbox.write_file(path, after.encode("utf-8"))
     diff = difflib.unified_diff(
-        before.splitlines(keepends=True),
-        after.splitlines(keepends=True),
+        _lines_keepends(before),
+        _lines_keepends(after),
         fromfile=f"a/{path}",
         tofile=f"b/{path}",
     )
-    return truncate_middle("".join(diff), rt.max_output_chars)
+    # difflib leaves a last line without "\n" glued to the next one; mark it like diff(1) does.
+    text = "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in diff
+    )
+    return truncate_middle(text, rt.max_output_chars)
 
 
 @tool
