@@ -10,6 +10,7 @@ background are reparented away from the shell and keep running until the sandbox
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import os
@@ -111,40 +112,62 @@ async def _read_to_marker(
         cap_state.trim(keep_tail)
 
 
-class PersistentShell:
-    """One long-lived bash process (possibly inside bubblewrap) that runs commands in turn."""
+class ShellChannel(abc.ABC):
+    """The pipes of a running shell: stdin to write, stdout and stderr to read.
 
+    `ProcessChannel` is a local process (bubblewrap or plain bash); the Docker backend
+    drives a shell attached over the Engine API socket.
+    """
+
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+
+    @abc.abstractmethod
+    async def open(self) -> None: ...
+
+    @abc.abstractmethod
+    async def ready(self) -> None:
+        """Called once the shell answered its first command (the shell's pid is known now)."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Send bytes to the shell; SandboxError if it is gone."""
+
+    @abc.abstractmethod
+    def kill_running(self) -> None:
+        """Kill whatever the shell is running now, but not the shell."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Kill the shell and everything it started."""
+
+    @property
+    def pid(self) -> int | None:
+        """Host pid of the outermost process, if there is one."""
+        return None
+
+
+class ProcessChannel(ShellChannel):
     def __init__(
         self,
         argv: Sequence[str],
         *,
         env: dict[str, str],
         cwd: str | None = None,
-        max_output_bytes: int = 8 << 20,
         shell_comm: str = "bash",
     ) -> None:
         self._argv = list(argv)
         self._env = env
         self._cwd = cwd
-        self._cap = max_output_bytes
         self._shell_comm = shell_comm
-        self._token = secrets.token_hex(8)
-        self._seq = 0
-        self._lock = asyncio.Lock()
         self._proc: asyncio.subprocess.Process | None = None
         self._shell_pid: int | None = None
-        self._out = bytearray()
-        self._err = bytearray()
-        self._pending: (
-            asyncio.Task[tuple[tuple[bytes, int | None], tuple[bytes, int | None]]] | None
-        ) = None
-        self._dead: str | None = None
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    async def start(self, timeout: float = 15.0) -> None:
+    async def open(self) -> None:
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self._argv,
@@ -157,6 +180,83 @@ class PersistentShell:
             )
         except OSError as exc:
             raise SandboxError(f"cannot start sandbox shell {self._argv[0]!r}: {exc}") from exc
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self.stdout = self._proc.stdout
+        self.stderr = self._proc.stderr
+
+    async def ready(self) -> None:
+        assert self._proc is not None
+        if proctree.comm(self._proc.pid) == self._shell_comm:
+            self._shell_pid = self._proc.pid
+            return
+        for pid in proctree.descendants(self._proc.pid):
+            if proctree.comm(pid) == self._shell_comm:
+                self._shell_pid = pid
+                return
+        raise SandboxError("cannot find the sandbox shell process")
+
+    async def write(self, data: bytes) -> None:
+        if self._proc is None or self._proc.stdin is None:
+            raise SandboxError("sandbox shell is not started")
+        try:
+            self._proc.stdin.write(data)
+            await self._proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise SandboxError("the sandbox shell is gone") from exc
+
+    def kill_running(self) -> None:
+        if self._shell_pid is not None:
+            proctree.kill_descendants(self._shell_pid)
+
+    async def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proctree.kill_descendants(proc.pid)
+        # killpg only: Process.kill() polls (waitpid) first and would race asyncio's child
+        # watcher for the zombie, which then logs "Unknown child process".
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+
+
+class PersistentShell:
+    """One long-lived bash process (possibly inside bubblewrap) that runs commands in turn."""
+
+    def __init__(
+        self,
+        argv: Sequence[str] | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        max_output_bytes: int = 8 << 20,
+        shell_comm: str = "bash",
+        channel: ShellChannel | None = None,
+    ) -> None:
+        if channel is None:
+            if argv is None:
+                raise ValueError("PersistentShell needs argv or a channel")
+            channel = ProcessChannel(argv, env=env or {}, cwd=cwd, shell_comm=shell_comm)
+        self._channel = channel
+        self._started = False
+        self._cap = max_output_bytes
+        self._token = secrets.token_hex(8)
+        self._seq = 0
+        self._lock = asyncio.Lock()
+        self._out = bytearray()
+        self._err = bytearray()
+        self._pending: (
+            asyncio.Task[tuple[tuple[bytes, int | None], tuple[bytes, int | None]]] | None
+        ) = None
+        self._dead: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._channel.pid
+
+    async def start(self, timeout: float = 15.0) -> None:
+        await self._channel.open()
+        self._started = True
         try:
             result = await self.run("true", timeout=timeout)
         except SandboxError as exc:
@@ -166,16 +266,11 @@ class PersistentShell:
         if result.exit_code != 0:
             await self.close()
             raise SandboxError(f"sandbox failed to start: {result.stderr.strip()}")
-        self._shell_pid = self._find_shell_pid()
-
-    def _find_shell_pid(self) -> int:
-        assert self._proc is not None
-        if proctree.comm(self._proc.pid) == self._shell_comm:
-            return self._proc.pid
-        for pid in proctree.descendants(self._proc.pid):
-            if proctree.comm(pid) == self._shell_comm:
-                return pid
-        raise SandboxError("cannot find the sandbox shell process")
+        try:
+            await self._channel.ready()
+        except BaseException:
+            await self.close()
+            raise
 
     async def run(
         self,
@@ -189,7 +284,7 @@ class PersistentShell:
         async with self._lock:
             if self._dead:
                 raise SandboxError(self._dead)
-            if self._proc is None or self._proc.stdin is None:
+            if not self._started:
                 raise SandboxError("sandbox shell is not started")
             await self._finish_pending()
             if self._dead:
@@ -202,19 +297,21 @@ class PersistentShell:
             )
             started = time.perf_counter()
             try:
-                self._proc.stdin.write(script)
-                await self._proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                self._dead = "the sandbox shell is gone"
-                raise SandboxError(self._dead) from exc
-            assert self._proc.stdout is not None and self._proc.stderr is not None
+                await self._channel.write(script)
+            except SandboxError as exc:
+                self._dead = str(exc)
+                raise
             io = asyncio.ensure_future(
                 asyncio.gather(
                     _read_to_marker(
-                        self._proc.stdout, self._out, out_marker.encode(), self._cap, with_code=True
+                        self._channel.stdout,
+                        self._out,
+                        out_marker.encode(),
+                        self._cap,
+                        with_code=True,
                     ),
                     _read_to_marker(
-                        self._proc.stderr,
+                        self._channel.stderr,
                         self._err,
                         err_marker.encode(),
                         self._cap,
@@ -271,20 +368,14 @@ class PersistentShell:
 
     def kill_running(self) -> None:
         """Kill the current command's process tree; the shell itself survives."""
-        if self._shell_pid is not None:
-            proctree.kill_descendants(self._shell_pid)
+        self._channel.kill_running()
 
     async def close(self) -> None:
-        proc, self._proc = self._proc, None
         self._dead = self._dead or "the sandbox is closed"
-        if proc is None:
+        if not self._started:
             return
-        proctree.kill_descendants(proc.pid)
-        # killpg only: Process.kill() polls (waitpid) first and would race asyncio's child
-        # watcher for the zombie, which then logs "Unknown child process".
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+        self._started = False
+        await self._channel.close()
         if self._pending is not None:
             self._pending.cancel()
             with contextlib.suppress(BaseException):
