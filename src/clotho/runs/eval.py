@@ -1,0 +1,137 @@
+"""`run_eval`: every (task, attempt) through `run_trial`, bounded, streamed to a run directory."""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from clotho.agent.base import Agent
+from clotho.agent.llm import LLMAgent
+from clotho.agent.loop import AgentLimits
+from clotho.agent.reference import NopAgent, OracleAgent
+from clotho.chat.client import ChatClient
+from clotho.errors import ConfigError
+from clotho.runs.metrics import compute_metrics, latest
+from clotho.runs.records import EvalConfig, RunMetrics, TrialDetail, TrialRecord
+from clotho.runs.store import RunStore
+from clotho.tasks.harbor import Task, discover_tasks
+from clotho.tasks.trial import ErrorInfo, TrialOutcome, run_trial
+from clotho.tools.builtin import default_registry
+
+Listener = Callable[[str, object], None]
+
+
+def build_agent(config: EvalConfig) -> tuple[Agent, ChatClient | None]:
+    if config.agent == "oracle":
+        return OracleAgent(), None
+    if config.agent == "nop":
+        return NopAgent(), None
+    if config.model is None:
+        raise ConfigError("--agent llm needs a model: pass --model and --base-url")
+    client = ChatClient(config.model)
+    tools = default_registry().resolve(config.toolsets)
+    agent = LLMAgent(client, tools, AgentLimits(max_turns=config.max_turns))
+    return agent, client
+
+
+def select(tasks: list[Task], include: list[str], skip: list[str]) -> list[Task]:
+    def matches(task: Task, patterns: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(task.name, p) for p in patterns)
+
+    chosen = [t for t in tasks if not include or matches(t, include)]
+    return [t for t in chosen if not matches(t, skip)]
+
+
+def _record(task: Task, attempt: int, agent: str, outcome: TrialOutcome) -> TrialRecord:
+    result = outcome.agent
+    return TrialRecord(
+        task=task.name,
+        category=task.category,
+        attempt=attempt,
+        reward=outcome.reward,
+        rewards=outcome.rewards,
+        passed=outcome.passed,
+        error=outcome.error,
+        stop_reason=result.stop_reason if result else None,
+        turns=result.turns if result else 0,
+        tool_calls=result.tool_calls if result else 0,
+        tool_errors=len(result.tool_errors) if result else 0,
+        duration_s=round(outcome.duration_s, 3),
+        agent=agent,
+        finished_at=time.time(),
+    )
+
+
+async def run_eval(
+    config: EvalConfig,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    listener: Listener | None = None,
+) -> RunMetrics:
+    """Run the evaluation; on cancellation (Ctrl-C) what finished is kept and metrics written."""
+    notify = listener or (lambda event, data: None)
+    store = RunStore(out_dir)
+    store.prepare(resume)
+    store.write_config(config)
+    tasks, task_errors = discover_tasks([Path(p) for p in config.paths])
+    tasks = select(tasks, config.filter, config.skip)
+    previous = latest(store.load_records()) if resume else {}
+    # Infra failures say nothing about the agent: a resumed run tries them again.
+    done = {k for k, r in previous.items() if r.error is None or r.error.kind != "infra"}
+    for path, error in task_errors:
+        for attempt in range(config.attempts):
+            if (path.name, attempt) in done:
+                continue
+            record = TrialRecord(
+                task=path.name,
+                category="invalid",
+                attempt=attempt,
+                reward=None,
+                passed=False,
+                error=ErrorInfo(kind="task", message=str(error)),
+                agent=config.agent,
+                finished_at=time.time(),
+            )
+            store.append(record, TrialDetail(record=record))
+            notify("task_error", record)
+    pending = [(t, a) for t in tasks for a in range(config.attempts) if (t.name, a) not in done]
+    notify("start", {"total": len(tasks) * config.attempts, "pending": len(pending)})
+    agent, client = build_agent(config)
+    labels = {"clotho.run": f"{out_dir.name}-{secrets.token_hex(3)}", "clotho.pid": str(os.getpid())}
+    semaphore = asyncio.Semaphore(config.concurrency)
+    started = time.perf_counter()
+
+    async def one(task: Task, attempt: int) -> None:
+        async with semaphore:
+            notify("trial_start", (task.name, attempt))
+            outcome = await run_trial(
+                task,
+                agent,
+                config.sandbox,
+                task_timeout_s=config.task_timeout_s,
+                labels={**labels, "clotho.attempt": str(attempt)},
+                pass_threshold=config.pass_threshold,
+            )
+            record = _record(task, attempt, config.agent, outcome)
+            store.append(
+                record, TrialDetail(record=record, agent_result=outcome.agent, verifier=outcome.verifier)
+            )
+            notify("trial_end", record)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for task, attempt in pending:
+                group.create_task(one(task, attempt))
+    finally:
+        if client is not None:
+            await client.aclose()
+        metrics = compute_metrics(store.load_records(), config.attempts)
+        metrics.duration_s = round(time.perf_counter() - started, 3)
+        store.write_metrics(metrics)
+    return metrics

@@ -1,0 +1,83 @@
+"""Pass rates, pass@k and confidence intervals from trial records."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+
+from clotho.runs.records import CategoryMetrics, RunMetrics, TrialRecord
+
+# Errors that say nothing about the agent: kept out of the pass rate's denominator.
+UNSCORED_KINDS = {"infra", "task", "config"}
+
+
+def is_scored(record: TrialRecord) -> bool:
+    return record.error is None or record.error.kind not in UNSCORED_KINDS
+
+
+def wilson_interval(passed: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    if n == 0:
+        return None
+    p = passed / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimator (Chen et al. 2021): chance that k of n samples include a pass."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def latest(records: Iterable[TrialRecord]) -> dict[tuple[str, int], TrialRecord]:
+    """The last record per (task, attempt): a resumed run may have retried an attempt."""
+    out: dict[tuple[str, int], TrialRecord] = {}
+    for record in records:
+        out[record.key] = record
+    return out
+
+
+def compute_metrics(records: Iterable[TrialRecord], attempts: int = 1) -> RunMetrics:
+    final = list(latest(records).values())
+    scored = [r for r in final if is_scored(r)]
+    n_passed = sum(r.passed for r in scored)
+    errors: dict[str, int] = defaultdict(int)
+    for r in final:
+        if r.error is not None:
+            errors[r.error.kind] += 1
+    by_cat: dict[str, list[TrialRecord]] = defaultdict(list)
+    for r in scored:
+        by_cat[r.category].append(r)
+    rewards = [r.reward for r in scored if r.reward is not None]
+    metrics = RunMetrics(
+        pass_rate=n_passed / len(scored) if scored else None,
+        pass_rate_ci95=wilson_interval(n_passed, len(scored)),
+        mean_reward=sum(rewards) / len(rewards) if rewards else None,
+        n_tasks=len({r.task for r in final}),
+        n_attempts=len(final),
+        n_scored=len(scored),
+        n_passed=n_passed,
+        by_category={
+            name: CategoryMetrics(
+                pass_rate=sum(r.passed for r in rs) / len(rs), n=len(rs), n_passed=sum(r.passed for r in rs)
+            )
+            for name, rs in sorted(by_cat.items())
+        },
+        errors=dict(errors),
+    )
+    if attempts > 1:
+        per_task: dict[str, list[TrialRecord]] = defaultdict(list)
+        for r in scored:
+            per_task[r.task].append(r)
+        metrics.pass_at_k = {}
+        for k in range(1, attempts + 1):
+            values = [
+                pass_at_k(len(rs), sum(r.passed for r in rs), k) for rs in per_task.values() if len(rs) >= k
+            ]
+            if values:
+                metrics.pass_at_k[str(k)] = sum(values) / len(values)
+    return metrics

@@ -1,0 +1,97 @@
+"""Files of a run directory, each a versioned pydantic model.
+
+    DIR/config.json      EvalConfig (resolved)
+    DIR/results.jsonl    one TrialRecord per finished attempt, flushed as it ends
+    DIR/metrics.json     RunMetrics
+    DIR/trials/*.json    TrialDetail: the full conversation and verifier output
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from clotho.agent.result import AgentResult
+from clotho.chat.client import ModelConfig
+from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
+from clotho.tasks.trial import ErrorInfo
+from clotho.tasks.verify import VerifierOutcome
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = 1
+    paths: list[str]
+    agent: Literal["llm", "oracle", "nop"] = "llm"
+    model: ModelConfig | None = None
+    sandbox: SandboxConfig = Field(default_factory=LocalSandboxConfig)
+    concurrency: int = Field(4, ge=1)
+    attempts: int = Field(1, ge=1)
+    task_timeout_s: float | None = Field(None, gt=0, description="agent + verification")
+    max_turns: int = Field(30, ge=1)
+    filter: list[str] = Field(default_factory=list)
+    skip: list[str] = Field(default_factory=list)
+    pass_threshold: float = 1.0
+    toolsets: list[str] = Field(default_factory=lambda: ["terminal", "file"])
+
+    @model_validator(mode="after")
+    def _model_for_llm(self) -> EvalConfig:
+        if self.agent == "llm" and self.model is None:
+            raise ValueError("agent 'llm' needs a model: pass --model (and --base-url)")
+        return self
+
+
+class TrialRecord(BaseModel):
+    """One line of results.jsonl."""
+
+    schema_version: Literal[1] = 1
+    task: str
+    category: str
+    attempt: int
+    reward: float | None
+    rewards: dict[str, float] = Field(default_factory=dict)
+    passed: bool
+    error: ErrorInfo | None = None
+    stop_reason: str | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    duration_s: float = 0.0
+    agent: str
+    detail: str | None = Field(None, description="path of the TrialDetail file, relative to DIR")
+    finished_at: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.task, self.attempt)
+
+
+class TrialDetail(BaseModel):
+    schema_version: Literal[1] = 1
+    record: TrialRecord
+    agent_result: AgentResult | None = None
+    verifier: VerifierOutcome | None = None
+
+
+class CategoryMetrics(BaseModel):
+    pass_rate: float | None
+    n: int
+    n_passed: int
+
+
+class RunMetrics(BaseModel):
+    schema_version: Literal[1] = 1
+    pass_rate: float | None = Field(description="passed / scored attempts (infra and task errors excluded)")
+    pass_rate_ci95: tuple[float, float] | None = None
+    mean_reward: float | None = None
+    n_tasks: int
+    n_attempts: int
+    n_scored: int
+    n_passed: int
+    by_category: dict[str, CategoryMetrics]
+    errors: dict[str, int]
+    pass_at_k: dict[str, float] | None = None
+    duration_s: float | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
