@@ -116,7 +116,7 @@ def eval_command(
         int | None, typer.Option(help="max model turns per attempt (default: 30)")
     ] = None,
     sandbox: Annotated[
-        Literal["local", "unsafe-local"] | None,
+        Literal["local", "unsafe-local", "docker"] | None,
         typer.Option(help="sandbox backend (default: local)"),
     ] = None,
     network: Annotated[
@@ -140,6 +140,9 @@ def eval_command(
     skip: Annotated[
         list[str] | None, typer.Option(help="skip these tasks (names or globs)")
     ] = None,
+    force_build: Annotated[
+        bool | None, typer.Option("--force-build", help="rebuild task images even if cached")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="run directory")] = None,
     resume: Annotated[bool, typer.Option(help="continue the run in --out")] = False,
 ) -> None:
@@ -159,6 +162,7 @@ def eval_command(
             "max_turns": max_turns,
             "filter": _split(filter) or None,
             "skip": _split(skip) or None,
+            "force_build": force_build,
         }
         model_flags = {
             "model": model,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -19,7 +18,10 @@ from clotho.errors import ConfigError
 from clotho.runs.metrics import compute_metrics, latest
 from clotho.runs.records import EvalConfig, RunMetrics, TrialDetail, TrialRecord
 from clotho.runs.store import RunStore
+from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
+from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.tasks.harbor import Task, discover_tasks
+from clotho.tasks.images import ImageResolver, task_sandbox_config
 from clotho.tasks.trial import ErrorInfo, TrialOutcome, run_trial
 from clotho.tools.builtin import default_registry
 
@@ -103,32 +105,76 @@ async def run_eval(
     pending = [(t, a) for t in tasks for a in range(config.attempts) if (t.name, a) not in done]
     notify("start", {"total": len(tasks) * config.attempts, "pending": len(pending)})
     agent, client = build_agent(config)
-    labels = {"clotho.run": f"{out_dir.name}-{secrets.token_hex(3)}", "clotho.pid": str(os.getpid())}
+    labels = {"clotho.run": f"{out_dir.name}-{secrets.token_hex(3)}"}
     semaphore = asyncio.Semaphore(config.concurrency)
     started = time.perf_counter()
+    pool = SlotPool(PoolConfig(max_size=2 * config.concurrency), labels=labels)
+    resolver = (
+        ImageResolver(pool.docker, force_build=config.force_build)
+        if isinstance(config.sandbox, DockerSandboxConfig)
+        else None
+    )
+    configs: dict[str, asyncio.Future[SandboxConfig]] = {}
 
-    async def one(task: Task, attempt: int) -> None:
+    async def resolve_all() -> None:
+        """Sandbox configurations (images built) in the order the trials will need them."""
+        for task, _ in pending:
+            future = configs[task.name]
+            if future.done():
+                continue
+            try:
+                future.set_result(await task_sandbox_config(task, config.sandbox, resolver))
+            except Exception as exc:
+                future.set_exception(exc)
+
+    def prewarm(index: int) -> None:
+        """Start the sandbox of the trial that will run `concurrency` trials from now."""
+        ahead = index + config.concurrency
+        if config.prewarm and ahead < len(pending):
+            future = configs[pending[ahead][0].name]
+            if future.done() and future.exception() is None:
+                pool.prewarm(future.result())
+
+    async def one(index: int, task: Task, attempt: int) -> None:
+        try:
+            sandbox_config = await configs[task.name]
+        except Exception as exc:
+            outcome = TrialOutcome(error=ErrorInfo(kind="infra", message=f"environment: {exc}"))
+            record = _record(task, attempt, config.agent, outcome)
+            store.append(record, TrialDetail(record=record))
+            notify("trial_end", record)
+            return
         async with semaphore:
             notify("trial_start", (task.name, attempt))
+            prewarm(index)
             outcome = await run_trial(
                 task,
                 agent,
-                config.sandbox,
+                sandbox_config,
                 task_timeout_s=config.task_timeout_s,
-                labels={**labels, "clotho.attempt": str(attempt)},
+                labels={"clotho.attempt": str(attempt)},
                 pass_threshold=config.pass_threshold,
+                pool=pool,
             )
             record = _record(task, attempt, config.agent, outcome)
             store.append(
-                record, TrialDetail(record=record, agent_result=outcome.agent, verifier=outcome.verifier)
+                record,
+                TrialDetail(record=record, agent_result=outcome.agent, verifier=outcome.verifier),
             )
             notify("trial_end", record)
 
     try:
-        async with asyncio.TaskGroup() as group:
-            for task, attempt in pending:
-                group.create_task(one(task, attempt))
+        async with pool, asyncio.TaskGroup() as group:
+            loop = asyncio.get_running_loop()
+            for task, _ in pending:
+                configs.setdefault(task.name, loop.create_future())
+            group.create_task(resolve_all())
+            for index, (task, attempt) in enumerate(pending):
+                group.create_task(one(index, task, attempt))
     finally:
+        for future in configs.values():
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: no "never retrieved" warnings
         if client is not None:
             await client.aclose()
         metrics = compute_metrics(store.load_records(), config.attempts)

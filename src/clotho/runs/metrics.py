@@ -63,7 +63,9 @@ def compute_metrics(records: Iterable[TrialRecord], attempts: int = 1) -> RunMet
         n_passed=n_passed,
         by_category={
             name: CategoryMetrics(
-                pass_rate=sum(r.passed for r in rs) / len(rs), n=len(rs), n_passed=sum(r.passed for r in rs)
+                pass_rate=sum(r.passed for r in rs) / len(rs),
+                n=len(rs),
+                n_passed=sum(r.passed for r in rs),
             )
             for name, rs in sorted(by_cat.items())
         },
@@ -76,7 +78,9 @@ def compute_metrics(records: Iterable[TrialRecord], attempts: int = 1) -> RunMet
         metrics.pass_at_k = {}
         for k in range(1, attempts + 1):
             values = [
-                pass_at_k(len(rs), sum(r.passed for r in rs), k) for rs in per_task.values() if len(rs) >= k
+                pass_at_k(len(rs), sum(r.passed for r in rs), k)
+                for rs in per_task.values()
+                if len(rs) >= k
             ]
             if values:
                 metrics.pass_at_k[str(k)] = sum(values) / len(values)

@@ -1,9 +1,9 @@
 """Files of a run directory, each a versioned pydantic model.
 
-    DIR/config.json      EvalConfig (resolved)
-    DIR/results.jsonl    one TrialRecord per finished attempt, flushed as it ends
-    DIR/metrics.json     RunMetrics
-    DIR/trials/*.json    TrialDetail: the full conversation and verifier output
+DIR/config.json      EvalConfig (resolved)
+DIR/results.jsonl    one TrialRecord per finished attempt, flushed as it ends
+DIR/metrics.json     RunMetrics
+DIR/trials/*.json    TrialDetail: the full conversation and verifier output
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ class EvalConfig(BaseModel):
     filter: list[str] = Field(default_factory=list)
     skip: list[str] = Field(default_factory=list)
     pass_threshold: float = 1.0
+    force_build: bool = Field(False, description="rebuild task images even if cached")
+    prewarm: bool = Field(True, description="start upcoming trials' sandboxes ahead of time")
     toolsets: list[str] = Field(default_factory=lambda: ["terminal", "file"])
 
     @model_validator(mode="after")
@@ -83,7 +85,9 @@ class CategoryMetrics(BaseModel):
 
 class RunMetrics(BaseModel):
     schema_version: Literal[1] = 1
-    pass_rate: float | None = Field(description="passed / scored attempts (infra and task errors excluded)")
+    pass_rate: float | None = Field(
+        description="passed / scored attempts (infra and task errors excluded)"
+    )
     pass_rate_ci95: tuple[float, float] | None = None
     mean_reward: float | None = None
     n_tasks: int

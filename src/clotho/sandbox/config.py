@@ -36,8 +36,26 @@ class UnsafeLocalSandboxConfig(_Common):
     backend: Literal["unsafe-local"] = "unsafe-local"
 
 
+class DockerSandboxConfig(_Common):
+    """A container per sandbox, driven through the Docker Engine API (extra `docker`)."""
+
+    backend: Literal["docker"] = "docker"
+    image: str = "clotho/base:bookworm"
+    network: bool = False
+    cpus: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0)
+    pids_limit: int | None = Field(4096, gt=0)
+    docker_url: str | None = Field(
+        None, description="Engine API address (default: DOCKER_HOST or the unix socket)"
+    )
+    init: bool = Field(
+        True, description="run docker-init as pid 1 so signals and zombies are handled"
+    )
+
+
 SandboxConfig = Annotated[
-    LocalSandboxConfig | UnsafeLocalSandboxConfig, Field(discriminator="backend")
+    LocalSandboxConfig | UnsafeLocalSandboxConfig | DockerSandboxConfig,
+    Field(discriminator="backend"),
 ]
 
 

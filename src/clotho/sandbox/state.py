@@ -14,12 +14,20 @@ STATE_PREFIX = "clotho-sbx-"
 LEASE_FILE = "lease.json"
 
 
-def make_state_dir(state_dir: str | None, labels: dict[str, str]) -> Path:
+def make_state_dir(
+    state_dir: str | None, labels: dict[str, str], lease_s: float = 6 * 3600
+) -> Path:
     """Create the sandbox folder and write who owns it, so leftovers can be collected."""
     parent = Path(state_dir or tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=f"{STATE_PREFIX}{secrets.token_hex(3)}-", dir=parent))
-    lease = {"owner_pid": os.getpid(), "created": time.time(), "labels": labels}
+    from clotho.sandbox.leases import lease_labels
+
+    lease = {
+        "owner_pid": os.getpid(),
+        "created": time.time(),
+        "labels": {**lease_labels(lease_s), **labels},
+    }
     (path / LEASE_FILE).write_text(json.dumps(lease))
     return path
 

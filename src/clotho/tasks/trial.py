@@ -13,8 +13,9 @@ from clotho.agent.base import Agent, AgentContext
 from clotho.agent.result import AgentResult
 from clotho.errors import ClothoError, ErrorKind
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.config import SandboxConfig
+from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
 from clotho.sandbox.factory import open_sandbox
+from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import Task
 from clotho.tasks.verify import VerifierOutcome, run_verifier
 
@@ -40,10 +41,15 @@ class TrialOutcome(BaseModel):
     duration_s: float = 0.0
 
 
-async def setup_workspace(task: Task, sandbox: Sandbox) -> None:
-    """The files of environment/ (other than build files) become the workspace."""
+async def setup_workspace(task: Task, sandbox: Sandbox, config: SandboxConfig) -> None:
+    """The files of environment/ (other than build files) become the workspace.
+
+    A container built from the task's Dockerfile already has its workspace.
+    """
     env_dir = task.environment_dir
     if not env_dir.is_dir():
+        return
+    if isinstance(config, DockerSandboxConfig) and (env_dir / "Dockerfile").is_file():
         return
     await sandbox.upload(env_dir, sandbox.workdir)
     present = [name for name in BUILD_FILES if (env_dir / name).exists()]
@@ -59,13 +65,14 @@ async def run_trial(
     task_timeout_s: float | None = None,
     labels: dict[str, str] | None = None,
     pass_threshold: float = 1.0,
+    pool: SlotPool | None = None,
 ) -> TrialOutcome:
     """Never raises for the task's or the agent's failures; they are recorded in the outcome."""
     outcome = TrialOutcome()
     started = time.perf_counter()
     try:
         async with asyncio.timeout(task_timeout_s):
-            await _attempt(task, agent, sandbox_config, outcome, labels or {})
+            await _attempt(task, agent, sandbox_config, outcome, labels or {}, pool)
     except TimeoutError:
         outcome.error = ErrorInfo(
             kind="agent",
@@ -92,10 +99,15 @@ async def _attempt(
     sandbox_config: SandboxConfig,
     outcome: TrialOutcome,
     labels: dict[str, str],
+    pool: SlotPool | None,
 ) -> None:
-    sandbox = await open_sandbox(sandbox_config, {**labels, "task": task.name})
+    labels = {**labels, "clotho.task": task.name}
+    if pool is not None:
+        sandbox = await pool.acquire(sandbox_config, labels=labels)
+    else:
+        sandbox = await open_sandbox(sandbox_config, labels)
     try:
-        await setup_workspace(task, sandbox)
+        await setup_workspace(task, sandbox, sandbox_config)
         outcome.phase = "agent"
         context = AgentContext(
             instruction=task.instruction,
@@ -111,4 +123,7 @@ async def _attempt(
         outcome.verifier = await run_verifier(task, sandbox)
         outcome.phase = "done"
     finally:
-        await asyncio.shield(sandbox.close())
+        if pool is not None:
+            await asyncio.shield(pool.release(sandbox))
+        else:
+            await asyncio.shield(sandbox.close())

@@ -1,0 +1,238 @@
+"""The Docker backend: a container per sandbox, a persistent shell attached over the API.
+
+Containers run `sleep infinity` under docker-init, with network `none` unless enabled,
+CPU / memory / pids limits, and labels naming clotho, the owner process, the run and the
+lease. Files travel as tar archives through the Engine API. Closing kills the container
+(SIGKILL, no stop grace period) and removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import posixpath
+import secrets
+import shlex
+import shutil
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from clotho.errors import SandboxError
+from clotho.sandbox.base import ExecResult, Sandbox
+from clotho.sandbox.config import DockerSandboxConfig, base_env
+from clotho.sandbox.docker.channel import DockerExecChannel
+from clotho.sandbox.leases import lease_labels
+from clotho.sandbox.shell import PersistentShell
+
+LABEL = "clotho"
+INSTALL_HINT = "the docker backend needs the extra: pip install 'clotho-rl[docker]'"
+
+
+def docker_client(url: str | None = None) -> Any:
+    try:
+        import aiodocker
+    except ImportError as exc:
+        raise SandboxError(INSTALL_HINT) from exc
+    return aiodocker.Docker(url=url)
+
+
+def container_body(
+    config: DockerSandboxConfig, labels: dict[str, str], lease_s: float
+) -> dict[str, Any]:
+    host: dict[str, Any] = {
+        "NetworkMode": "host" if config.network else "none",
+        "Init": config.init,
+    }
+    if config.cpus:
+        host["NanoCpus"] = int(config.cpus * 1e9)
+    if config.memory_mb:
+        host["Memory"] = config.memory_mb * 1024 * 1024
+    if config.pids_limit:
+        host["PidsLimit"] = config.pids_limit
+    return {
+        "Image": config.image,
+        "Cmd": ["sleep", "infinity"],
+        "WorkingDir": config.workdir,
+        "Labels": {LABEL: "1", **lease_labels(lease_s), **labels},
+        "HostConfig": host,
+    }
+
+
+def _tar_of(local: Path, arcname: str) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        if local.is_dir():
+            for child in sorted(local.iterdir()):
+                tar.add(child, arcname=child.name)
+        else:
+            tar.add(local, arcname=arcname)
+    return buffer.getvalue()
+
+
+class DockerSandbox(Sandbox):
+    def __init__(
+        self,
+        config: DockerSandboxConfig,
+        docker: Any,
+        container: Any,
+        shell: PersistentShell,
+        labels: dict[str, str],
+        owns_client: bool,
+    ) -> None:
+        self.config = config
+        self.workdir = config.workdir
+        self.labels = labels
+        self.container = container
+        self._docker = docker
+        self._shell = shell
+        self._owns_client = owns_client
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return str(self.container.id)
+
+    @classmethod
+    async def create(
+        cls,
+        config: DockerSandboxConfig,
+        labels: dict[str, str] | None = None,
+        *,
+        docker: Any = None,
+        lease_s: float = 6 * 3600,
+    ) -> DockerSandbox:
+        from aiodocker.exceptions import DockerError
+
+        owns_client = docker is None
+        docker = docker or docker_client(config.docker_url)
+        labels = dict(labels or {})
+        container = None
+        try:
+            body = container_body(config, labels, lease_s)
+            try:
+                container = await docker.containers.create(
+                    body, name=f"clotho-{secrets.token_hex(6)}"
+                )
+                await container.start()
+            except DockerError as exc:
+                raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
+            channel = DockerExecChannel(
+                container, env=base_env("/root", config.env), workdir=config.workdir
+            )
+            shell = PersistentShell(channel=channel, max_output_bytes=config.max_output_bytes)
+            await shell.start()
+        except BaseException:
+            if container is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(container.delete(force=True))
+            if owns_client:
+                await docker.close()
+            raise
+        return cls(config, docker, container, shell, labels, owns_client)
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        return await self._shell.run(
+            cmd, timeout=timeout, cwd=self.resolve(cwd or self.workdir), env=env, user=user
+        )
+
+    async def _mkdir(self, path: str) -> None:
+        result = await self._shell.run(f"mkdir -p -- {shlex.quote(path)}")
+        if result.exit_code != 0:
+            raise OSError(f"cannot create {path} in the container: {result.stderr.strip()}")
+
+    async def _get_archive(self, path: str) -> tarfile.TarFile:
+        from aiodocker.exceptions import DockerError
+
+        try:
+            return await self.container.get_archive(path)
+        except DockerError as exc:
+            if exc.status == 404:
+                raise FileNotFoundError(
+                    f"no such file or directory in the sandbox: {path}"
+                ) from exc
+            raise SandboxError(f"reading {path} from the container: {exc}") from exc
+
+    async def read_file(self, path: str) -> bytes:
+        path = self.resolve(path)
+        tar = await self._get_archive(path)
+        member = tar.getmembers()[0]
+        if member.isdir():
+            raise IsADirectoryError(f"is a directory: {path}")
+        if member.issym() or member.islnk():
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(path), member.linkname))
+            return await self.read_file(target)
+        extracted = tar.extractfile(member)
+        if extracted is None:
+            raise OSError(f"{path} is not a regular file")
+        return extracted.read()
+
+    async def _put(self, directory: str, data: bytes) -> None:
+        from aiodocker.exceptions import DockerError
+
+        try:
+            await self.container.put_archive(directory, data)
+        except DockerError as exc:
+            raise SandboxError(f"writing into {directory} in the container: {exc}") from exc
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        path = self.resolve(path)
+        check = await self._shell.run(f"[ -d {shlex.quote(path)} ]")
+        if check.exit_code == 0:
+            raise IsADirectoryError(f"is a directory: {path}")
+        parent, name = posixpath.split(path)
+        await self._mkdir(parent)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        await self._put(parent, buffer.getvalue())
+
+    async def upload(self, local: Path, remote: str) -> None:
+        remote = self.resolve(remote)
+        if not local.exists():
+            raise FileNotFoundError(f"no such file or directory on the host: {local}")
+        if local.is_dir():
+            await self._mkdir(remote)
+            await self._put(remote, await asyncio.to_thread(_tar_of, local, ""))
+        else:
+            parent, name = posixpath.split(remote)
+            await self._mkdir(parent)
+            await self._put(parent, await asyncio.to_thread(_tar_of, local, name))
+
+    async def download(self, remote: str, local: Path) -> None:
+        remote = self.resolve(remote)
+        if local.exists():
+            raise FileExistsError(f"download target already exists: {local}")
+        tar = await self._get_archive(remote)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=local.parent) as tmp:
+            await asyncio.to_thread(tar.extractall, tmp, filter="data")
+            top = Path(tmp) / posixpath.basename(remote.rstrip("/") or "/")
+            await asyncio.to_thread(shutil.move, top, local)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._shell.close()
+            with contextlib.suppress(Exception):
+                await self.container.delete(force=True)
+        finally:
+            if self._owns_client:
+                await self._docker.close()

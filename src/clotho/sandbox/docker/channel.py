@@ -1,0 +1,94 @@
+"""A bash inside a container, attached over the Engine API socket (no CLI process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from clotho.errors import SandboxError
+from clotho.sandbox import proctree
+from clotho.sandbox.shell import ShellChannel
+
+
+class DockerExecChannel(ShellChannel):
+    """`exec` of `bash` with stdin attached; the multiplexed stream is split into two readers."""
+
+    def __init__(self, container: Any, *, env: dict[str, str], workdir: str) -> None:
+        self._container = container
+        self._env = env
+        self._workdir = workdir
+        self._exec: Any = None
+        self._stream: Any = None
+        self._pump: asyncio.Task[None] | None = None
+        self._shell_pid: int | None = None
+        self.stdout = asyncio.StreamReader(limit=1 << 30)
+        self.stderr = asyncio.StreamReader(limit=1 << 30)
+
+    @property
+    def pid(self) -> int | None:
+        return self._shell_pid
+
+    async def open(self) -> None:
+        from aiodocker.exceptions import DockerError
+
+        try:
+            self._exec = await self._container.exec(
+                ["bash", "--noprofile", "--norc"],
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                environment=self._env,
+                workdir=self._workdir,
+            )
+            self._stream = self._exec.start(detach=False)
+            # Upgrade the connection now: the reader and the first write would race to do it.
+            await self._stream.write_in(b"")
+        except DockerError as exc:
+            raise SandboxError(f"cannot start a shell in container: {exc}") from exc
+        self._pump = asyncio.create_task(self._run_pump())
+
+    async def _run_pump(self) -> None:
+        try:
+            while True:
+                message = await self._stream.read_out()
+                if message is None:
+                    break
+                (self.stdout if message.stream == 1 else self.stderr).feed_data(message.data)
+        except Exception as exc:  # the socket broke: the readers see EOF, the shell is gone
+            self.stderr.feed_data(f"\n[attach stream failed: {exc}]".encode())
+        finally:
+            self.stdout.feed_eof()
+            self.stderr.feed_eof()
+
+    async def ready(self) -> None:
+        # The host pid of the exec'd shell, so a timed-out command's tree can be killed.
+        for _ in range(50):
+            info = await self._exec.inspect()
+            pid = int(info.get("Pid") or 0)
+            if pid > 0:
+                self._shell_pid = pid
+                return
+            await asyncio.sleep(0.01)
+        raise SandboxError("the container shell reported no pid")
+
+    async def write(self, data: bytes) -> None:
+        if self._stream is None:
+            raise SandboxError("container shell is not started")
+        try:
+            await self._stream.write_in(data)
+        except Exception as exc:
+            raise SandboxError(f"the container shell is gone: {exc}") from exc
+
+    def kill_running(self) -> None:
+        if self._shell_pid is not None:
+            proctree.kill_descendants(self._shell_pid)
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                await self._stream.close()
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pump

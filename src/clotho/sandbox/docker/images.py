@@ -1,0 +1,126 @@
+"""Images: build a Dockerfile context once, tagged by a hash of its content, and reuse it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from clotho.errors import SandboxError
+
+IMAGE_LABEL = "clotho.context-hash"
+
+
+def context_hash(directory: Path) -> str:
+    """sha256 over relative paths, modes and contents: the tag changes iff the context does."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory).as_posix()
+        if path.is_symlink():
+            digest.update(f"L {rel} {os.readlink(path)}\n".encode())
+        elif path.is_file():
+            digest.update(f"F {rel} {path.stat().st_mode & 0o777:o}\n".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        elif path.is_dir():
+            digest.update(f"D {rel}\n".encode())
+    return digest.hexdigest()
+
+
+def tar_directory(directory: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in sorted(directory.iterdir()):
+            tar.add(path, arcname=path.name)
+    return buffer.getvalue()
+
+
+async def image_exists(docker: Any, tag: str) -> bool:
+    from aiodocker.exceptions import DockerError
+
+    try:
+        await docker.images.inspect(tag)
+        return True
+    except DockerError as exc:
+        if exc.status == 404:
+            return False
+        raise SandboxError(f"docker image inspect {tag}: {exc}") from exc
+
+
+async def build_image(
+    docker: Any,
+    context: Path,
+    tag: str,
+    *,
+    dockerfile: str = "Dockerfile",
+    timeout_s: float = 600.0,
+    network: str = "host",
+) -> str:
+    """Build `context` into `tag` through the Engine API; a failed step raises SandboxError.
+
+    Builds use the host network by default: this machine has no bridge network, and a
+    Dockerfile that installs packages must reach a registry.
+    """
+    data = await asyncio.to_thread(tar_directory, context)
+    params = {
+        "t": tag,
+        "dockerfile": dockerfile,
+        "rm": "1",
+        "forcerm": "1",
+        "networkmode": network,
+        "labels": json.dumps({IMAGE_LABEL: tag.rsplit(":", 1)[-1], "clotho": "1"}),
+    }
+    log: list[str] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            # aiodocker's build() has no network mode, so the Engine API is called directly.
+            async with docker._query(
+                "build",
+                "POST",
+                params=params,
+                headers={"content-type": "application/x-tar"},
+                data=data,
+                timeout=None,
+            ) as response:
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    try:
+                        item = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    if "stream" in item:
+                        log.append(item["stream"])
+                    if "error" in item:
+                        tail = "".join(log)[-1500:]
+                        raise SandboxError(f"building {context} failed: {item['error']}\n{tail}")
+    except TimeoutError as exc:
+        raise SandboxError(f"building {context} took longer than {timeout_s:g} s") from exc
+    if not await image_exists(docker, tag):
+        raise SandboxError(f"building {context} produced no image {tag}: {''.join(log)[-1500:]}")
+    return tag
+
+
+async def ensure_context_image(
+    docker: Any,
+    context: Path,
+    name: str,
+    *,
+    force: bool = False,
+    timeout_s: float = 600.0,
+    locks: dict[str, asyncio.Lock] | None = None,
+) -> str:
+    """The tag for `context`, building it only if no image with that content exists yet."""
+    digest = await asyncio.to_thread(context_hash, context)
+    slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "task"
+    tag = f"clotho-env/{slug}:{digest[:16]}"
+    lock = (locks if locks is not None else {}).setdefault(tag, asyncio.Lock())
+    async with lock:  # concurrent attempts at one task build once
+        if not force and await image_exists(docker, tag):
+            return tag
+        return await build_image(docker, context, tag, timeout_s=timeout_s)
