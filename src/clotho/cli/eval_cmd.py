@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from clotho.cli.config_io import apply_sets, load_config_file, merge
+from clotho.cli.signals import Terminated, cancel_on_signals
 from clotho.errors import ClothoError, ConfigError
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
@@ -207,9 +208,11 @@ def eval_command(
     try:
         with progress:
             metrics = asyncio.run(
-                run_eval(eval_config, out, resume=resume, listener=_Live(progress))
+                cancel_on_signals(
+                    run_eval(eval_config, out, resume=resume, listener=_Live(progress))
+                )
             )
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated):
         console.print(
             f"[yellow]interrupted[/]: finished attempts are kept in {out}; "
             f"continue with: clotho eval {' '.join(eval_config.paths)} --out {out} --resume"

@@ -7,6 +7,7 @@ import typer
 from clotho import __version__
 from clotho.cli.check_cmd import check_command
 from clotho.cli.eval_cmd import eval_command
+from clotho.cli.sandbox_cmd import app as sandbox_app
 
 app = typer.Typer(
     name="clotho",
@@ -16,6 +17,7 @@ app = typer.Typer(
 )
 app.command("eval")(eval_command)
 app.command("check")(check_command)
+app.add_typer(sandbox_app, name="sandbox")
 
 
 @app.command()

@@ -84,6 +84,7 @@ class SlotPool:
 
             if self._docker is None:
                 self._docker = docker_client(config.docker_url)
+                self._spawn(self._reap_orphans(docker=True))
             return await DockerSandbox.create(
                 config, labels, docker=self._docker, lease_s=self.config.lease_s
             )
@@ -98,6 +99,7 @@ class SlotPool:
             from clotho.sandbox.docker.backend import docker_client
 
             self._docker = docker_client()
+            self._spawn(self._reap_orphans(docker=True))
         return self._docker
 
     def _total(self) -> int:
@@ -115,6 +117,23 @@ class SlotPool:
     def start(self) -> None:
         if self._maintenance is None:
             self._maintenance = asyncio.create_task(self._maintain())
+            self._spawn(self._reap_orphans(docker=False))
+
+    async def _reap_orphans(self, *, docker: bool) -> None:
+        """Remove sandboxes that dead runs left behind (owner gone or lease expired)."""
+        from clotho.sandbox import leases
+
+        try:
+            if docker:
+                for record in await leases.docker_records(self.docker):
+                    if record.orphaned():
+                        await leases.remove_docker(self.docker, record)
+            else:
+                for record in leases.local_records():
+                    if record.orphaned():
+                        await asyncio.to_thread(leases.remove_local, record)
+        except Exception as exc:
+            log.warning("reaping orphaned sandboxes failed: %s", exc)
 
     async def close(self) -> None:
         """Destroy every sandbox, idle or in use, and wait for background work."""

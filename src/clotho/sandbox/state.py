@@ -21,7 +21,10 @@ def make_state_dir(
     parent = Path(state_dir or tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=f"{STATE_PREFIX}{secrets.token_hex(3)}-", dir=parent))
+    from clotho.sandbox import exit_cleanup
     from clotho.sandbox.leases import lease_labels
+
+    exit_cleanup.register("local", state_dir)
 
     lease = {
         "owner_pid": os.getpid(),

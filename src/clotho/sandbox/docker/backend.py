@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clotho.errors import SandboxError
+from clotho.sandbox import exit_cleanup
 from clotho.sandbox.base import ExecResult, Sandbox
 from clotho.sandbox.config import DockerSandboxConfig, base_env
 from clotho.sandbox.docker.channel import DockerExecChannel
@@ -107,6 +108,7 @@ class DockerSandbox(Sandbox):
     ) -> DockerSandbox:
         from aiodocker.exceptions import DockerError
 
+        exit_cleanup.register("docker")
         owns_client = docker is None
         docker = docker or docker_client(config.docker_url)
         labels = dict(labels or {})
