@@ -38,6 +38,9 @@ class PoolConfig(BaseModel):
     max_lifetime_s: float = Field(3600.0, gt=0)
     acquire_timeout_s: float = Field(600.0, gt=0)
     health_timeout_s: float = Field(10.0, gt=0)
+    health_interval_s: float = Field(
+        10.0, ge=0, description="an idle sandbox checked less than this long ago is not re-checked"
+    )
     lease_s: float = Field(6 * 3600.0, gt=0, description="lease written on every sandbox")
 
 
@@ -47,6 +50,7 @@ class _Slot:
     key: str
     created: float = field(default_factory=time.monotonic)
     idle_since: float = field(default_factory=time.monotonic)
+    checked: float = field(default_factory=time.monotonic)  # a new sandbox has just answered
 
 
 def config_key(config: SandboxConfig) -> str:
@@ -238,6 +242,14 @@ class SlotPool:
         finally:
             await asyncio.shield(self.release(sandbox))
 
+    async def wait_idle(self, config: SandboxConfig, count: int, timeout: float) -> None:
+        """Wait until `count` warm sandboxes of `config` are ready."""
+        key = config_key(config)
+        async with self._cond:
+            await asyncio.wait_for(
+                self._cond.wait_for(lambda: len(self._idle[key]) >= count), timeout
+            )
+
     def prewarm(self, config: SandboxConfig, count: int = 1) -> None:
         """Start `count` sandboxes for `config` in the background, within max_size."""
         key = config_key(config)
@@ -296,10 +308,13 @@ class SlotPool:
         return True
 
     async def _healthy(self, slot: _Slot) -> bool:
+        if time.monotonic() - slot.checked < self.config.health_interval_s:
+            return True
         try:
             result = await slot.sandbox.exec("true", timeout=self.config.health_timeout_s)
         except Exception:
             return False
+        slot.checked = time.monotonic()
         return result.exit_code == 0
 
     async def _destroy(self, slot: _Slot) -> None:

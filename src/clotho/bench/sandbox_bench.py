@@ -1,0 +1,271 @@
+"""`clotho bench sandbox`: our sandbox mechanics beside the usual ones, measured in one run.
+
+Baselines are measured the same way on the same machine in the same process: a new
+`bash -c` (and a new bubblewrap) per command for the local backend; a `docker exec`
+through the Engine API per command for the Docker backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from clotho.bench.stats import latency_ms, percentile, throughput, used_memory_mb
+from clotho.errors import SandboxError
+from clotho.sandbox.base import Sandbox
+from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
+from clotho.sandbox.factory import open_sandbox
+from clotho.sandbox.pool import PoolConfig, SlotPool
+
+TARGETS = {
+    "warm_exec_p50_ms": ("<=", 0.5),
+    "throughput_32_per_s": (">=", 3000.0),
+    "acquire_p50_ms": ("<=", 1.0),
+    "reset_ms": ("<=", 60.0),
+    "cold_start_ms": ("<=", {"local": 15.0, "docker": 300.0}),
+}
+
+MAKE_REPO = r"""
+import os, random, subprocess
+random.seed(7)
+os.makedirs("ws", exist_ok=True); os.chdir("ws")
+for d in range(25):
+    os.makedirs(f"d{d:02d}", exist_ok=True)
+    for f in range(40):
+        with open(f"d{d:02d}/f{f:02d}.txt", "w") as fh:
+            fh.write("x" * random.randint(300, 2000))
+open(".gitignore", "w").write("*.log\n")
+run = lambda *a: subprocess.run(a, check=True, capture_output=True)
+run("git", "init", "-q"); run("git", "add", "-A")
+run("git", "-c", "user.name=b", "-c", "user.email=b@x", "commit", "-qm", "ws"); run("git", "gc", "-q")
+"""
+
+DIRTY = r"""
+import os, random
+random.seed()
+files = sorted(os.path.join(d, f) for d in sorted(os.listdir(".")) if d.startswith("d") for f in os.listdir(d))
+for p in random.sample(files, 50): open(p, "a").write("dirty")
+for p in random.sample(files, 20):
+    if os.path.exists(p): os.remove(p)
+os.rename(files[0], files[0] + ".moved") if os.path.exists(files[0]) else None
+for i in range(100): open(f"d00/new{i}.txt", "w").write("n")
+for i in range(100): open(f"d01/junk{i}.log", "w").write("j")
+"""
+
+
+class BaselineFigures(BaseModel):
+    warm_exec_p50_ms: float
+    warm_exec_p95_ms: float
+    throughput_32_per_s: float
+    cold_start_ms: float | None = None
+
+
+class SandboxBench(BaseModel):
+    backend: Literal["local", "docker"]
+    warm_exec_p50_ms: float
+    warm_exec_p95_ms: float
+    throughput_32_per_s: float
+    acquire_p50_ms: float
+    cold_start_ms: float
+    reset_ms: float = Field(
+        description="git reset --hard && git clean -fdx of a 1000-file repo, p50"
+    )
+    replace_ms: float = Field(description="destroy a used sandbox and have a fresh one answer, p50")
+    idle_memory_mb: float
+    baseline: dict[str, BaselineFigures]
+    targets_met: dict[str, bool] = Field(default_factory=dict)
+
+    def check_targets(self) -> None:
+        for key, (op, target) in TARGETS.items():
+            limit = target[self.backend] if isinstance(target, dict) else target
+            value = getattr(self, key)
+            self.targets_met[key] = value <= limit if op == "<=" else value >= limit
+
+
+def _expect_hi(result: Any) -> None:
+    if result.exit_code != 0 or result.stdout != "hi\n":
+        raise SandboxError(f"benchmark command misbehaved: {result!r}")
+
+
+async def _ours(sandbox: Sandbox) -> None:
+    _expect_hi(await sandbox.exec("echo hi"))
+
+
+async def _cold_start(config: SandboxConfig, n: int) -> float:
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        sandbox = await open_sandbox(config)
+        _expect_hi(await sandbox.exec("echo hi"))
+        samples.append((time.perf_counter() - started) * 1000)
+        await sandbox.close()
+    return percentile(samples, 50)
+
+
+async def _acquire(config: SandboxConfig, n: int) -> float:
+    async with SlotPool(PoolConfig(max_size=n + 2)) as pool:
+        pool.prewarm(config, n)
+        await pool.wait_idle(config, n, timeout=120)
+        samples = []
+        leased = []
+        for _ in range(n):
+            started = time.perf_counter()
+            leased.append(await pool.acquire(config))
+            samples.append((time.perf_counter() - started) * 1000)
+        for sandbox in leased:
+            await pool.release(sandbox)
+    return percentile(samples, 50)
+
+
+async def _reset(sandbox: Sandbox, n: int) -> float:
+    made = await sandbox.exec(f"python3 - <<'EOF'\n{MAKE_REPO}\nEOF", cwd="/tmp", timeout=300)
+    if made.exit_code != 0:
+        raise SandboxError(f"cannot build the reset workspace: {made.stderr}")
+    pristine = (await sandbox.exec("git ls-files -s | sha1sum", cwd="/tmp/ws")).stdout
+    samples = []
+    for _ in range(n):
+        dirty = await sandbox.exec(f"python3 - <<'EOF'\n{DIRTY}\nEOF\nsync", cwd="/tmp/ws")
+        if dirty.exit_code != 0:
+            raise SandboxError(f"cannot dirty the workspace: {dirty.stderr}")
+        started = time.perf_counter()
+        reset = await sandbox.exec("git reset -q --hard && git clean -qfdx", cwd="/tmp/ws")
+        samples.append((time.perf_counter() - started) * 1000)
+        check = await sandbox.exec(
+            "git status --porcelain --ignored | wc -l; git ls-files -s | sha1sum", cwd="/tmp/ws"
+        )
+        if reset.exit_code != 0 or check.stdout != "0\n" + pristine:
+            raise SandboxError(f"reset left the workspace dirty: {check.stdout!r}")
+    return percentile(samples, 50)
+
+
+async def _replace(config: SandboxConfig, n: int) -> float:
+    samples = []
+    retired: list[asyncio.Task[None]] = []
+    sandbox = await open_sandbox(config)
+    for _ in range(n):
+        await sandbox.exec("echo dirty > /tmp/marker")
+        started = time.perf_counter()
+        old, sandbox = sandbox, await open_sandbox(config)
+        clean = await sandbox.exec("[ ! -e /tmp/marker ]")
+        samples.append((time.perf_counter() - started) * 1000)
+        retired.append(asyncio.create_task(old.close()))  # off the critical path
+        if clean.exit_code != 0:
+            raise SandboxError("a replacement sandbox was not clean")
+    await sandbox.close()
+    await asyncio.gather(*retired)
+    return percentile(samples, 50)
+
+
+async def _open_many(config: SandboxConfig, count: int) -> list[Sandbox]:
+    sandboxes: list[Sandbox] = []
+    for chunk in range(0, count, 8):  # a few at a time: 32 containers at once swamp 2 cores
+        sandboxes += await asyncio.gather(
+            *(open_sandbox(config) for _ in range(min(8, count - chunk)))
+        )
+    return sandboxes
+
+
+async def _bash_c() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", "echo hi", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    if out != b"hi\n":
+        raise SandboxError("baseline command misbehaved")
+
+
+async def _bwrap_per_call() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        "--unshare-all", "--die-with-parent", "--new-session", "bash", "-c", "echo hi",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    if out != b"hi\n":
+        raise SandboxError("baseline command misbehaved")
+
+
+def _docker_exec(container: Any) -> Callable[[], Awaitable[None]]:
+    async def call() -> None:
+        execution = await container.exec(["bash", "-c", "echo hi"], stdout=True, stderr=True)
+        output = b""
+        async with execution.start(detach=False) as stream:
+            while (message := await stream.read_out()) is not None:
+                output += message.data
+        info = await execution.inspect()
+        if output != b"hi\n" or info.get("ExitCode") != 0:
+            raise SandboxError("baseline docker exec misbehaved")
+
+    return call
+
+
+async def run_sandbox_bench(
+    backend: Literal["local", "docker"],
+    *,
+    quick: bool = False,
+    progress: Callable[[str], None] = print,
+) -> SandboxBench:
+    config: SandboxConfig = LocalSandboxConfig() if backend == "local" else DockerSandboxConfig()
+    n_latency = 100 if quick else 300
+    n_total = 2000 if quick else 10000
+    progress("warm exec latency")
+    sandbox = await open_sandbox(config)
+    try:
+        p50, p95 = await latency_ms(lambda: _ours(sandbox), n_latency)
+        progress("reset of a 1000-file git workspace")
+        reset = await _reset(sandbox, 10 if quick else 20)
+    finally:
+        await sandbox.close()
+    progress("memory per idle sandbox and throughput with 32 callers")
+    await asyncio.sleep(1.0)
+    before = used_memory_mb()
+    many = await _open_many(config, 32)
+    baseline: dict[str, BaselineFigures] = {}
+    try:
+        await asyncio.sleep(3.0)
+        memory = (used_memory_mb() - before) / 32
+        rate = await throughput([(lambda s=s: _ours(s)) for s in many], n_total)
+        if backend == "docker":
+            progress("baseline: docker exec through the Engine API")
+            containers = [s.container for s in many]  # type: ignore[attr-defined]
+            b50, b95 = await latency_ms(_docker_exec(containers[0]), 30 if quick else 100, warmup=5)
+            brate = await throughput([_docker_exec(c) for c in containers], 128 if quick else 320)
+            baseline["docker exec (Engine API)"] = BaselineFigures(
+                warm_exec_p50_ms=b50, warm_exec_p95_ms=b95, throughput_32_per_s=brate
+            )
+    finally:
+        await asyncio.gather(*(s.close() for s in many), return_exceptions=True)
+    if backend == "local":
+        progress("baselines: new bash -c per command, new bubblewrap per command")
+        b50, b95 = await latency_ms(_bash_c, n_latency)
+        brate = await throughput([_bash_c] * 32, n_total // 5)
+        baseline["bash -c per command"] = BaselineFigures(
+            warm_exec_p50_ms=b50, warm_exec_p95_ms=b95, throughput_32_per_s=brate, cold_start_ms=b50
+        )
+        w50, w95 = await latency_ms(_bwrap_per_call, n_latency // 3)
+        wrate = await throughput([_bwrap_per_call] * 32, n_total // 10)
+        baseline["bubblewrap per command"] = BaselineFigures(
+            warm_exec_p50_ms=w50, warm_exec_p95_ms=w95, throughput_32_per_s=wrate, cold_start_ms=w50
+        )
+    progress("cold start, replacement, pool acquire")
+    cold = await _cold_start(config, 5 if quick else 15)
+    replace = await _replace(config, 5 if quick else 10)
+    acquire = await _acquire(config, 8 if quick else 20)
+    result = SandboxBench(
+        backend=backend,
+        warm_exec_p50_ms=round(p50, 4),
+        warm_exec_p95_ms=round(p95, 4),
+        throughput_32_per_s=round(rate, 1),
+        acquire_p50_ms=round(acquire, 4),
+        cold_start_ms=round(cold, 2),
+        reset_ms=round(reset, 2),
+        replace_ms=round(replace, 2),
+        idle_memory_mb=round(memory, 2),
+        baseline=baseline,
+    )
+    result.check_targets()
+    return result

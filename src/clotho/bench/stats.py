@@ -1,0 +1,63 @@
+"""Small measuring helpers shared by the benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+async def latency_ms(
+    call: Callable[[], Awaitable[object]], n: int, warmup: int = 20
+) -> tuple[float, float]:
+    """(p50, p95) in ms of `n` sequential awaited calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        await call()
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        await call()
+        samples.append((time.perf_counter() - started) * 1000)
+    return percentile(samples, 50), percentile(samples, 95)
+
+
+async def throughput(calls: list[Callable[[], Awaitable[object]]], total: int) -> float:
+    """Completed calls per second with one concurrent caller per entry of `calls`."""
+    issued = 0
+
+    async def worker(call: Callable[[], Awaitable[object]]) -> None:
+        nonlocal issued
+        await call()  # untimed warm-up
+        while issued < total:
+            issued += 1
+            await call()
+
+    # Warm-ups happen inside the timed window but are few (one per caller).
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in calls))
+    return (total + len(calls)) / (time.perf_counter() - started)
+
+
+def used_memory_mb() -> float:
+    """System-wide used memory: MemTotal - MemFree - Buffers - Cached - SReclaimable."""
+    info: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0])
+    used = (
+        info["MemTotal"]
+        - info["MemFree"]
+        - info["Buffers"]
+        - info["Cached"]
+        - info.get("SReclaimable", 0)
+    )
+    return used / 1024

@@ -1,0 +1,66 @@
+"""`clotho bench ...`: measured numbers beside baselines from the same run."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Literal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from clotho.bench.sandbox_bench import TARGETS, SandboxBench, run_sandbox_bench
+
+app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+console = Console(stderr=True)
+
+_ROWS = [
+    ("warm exec p50 (ms)", "warm_exec_p50_ms"),
+    ("warm exec p95 (ms)", "warm_exec_p95_ms"),
+    ("throughput, 32 callers (cmd/s)", "throughput_32_per_s"),
+    ("pool acquire from warm, p50 (ms)", "acquire_p50_ms"),
+    ("cold start to first answer (ms)", "cold_start_ms"),
+    ("reset 1000-file git workspace (ms)", "reset_ms"),
+    ("replace a used sandbox (ms)", "replace_ms"),
+    ("memory per idle sandbox (MB)", "idle_memory_mb"),
+]
+
+
+def _table(result: SandboxBench) -> Table:
+    table = Table(title=f"sandbox benchmark: {result.backend} backend")
+    table.add_column("measure")
+    table.add_column("clotho", justify="right")
+    table.add_column("target", justify="right")
+    names = list(result.baseline)
+    for name in names:
+        table.add_column(name, justify="right")
+    for label, key in _ROWS:
+        target = ""
+        if key in TARGETS:
+            op, limit = TARGETS[key]
+            limit = limit[result.backend] if isinstance(limit, dict) else limit
+            mark = "[green]ok" if result.targets_met.get(key) else "[red]missed"
+            target = f"{op} {limit:g} {mark}"
+        cells = [
+            f"{getattr(b, key):.4g}" if getattr(b, key, None) is not None else "-"
+            for b in result.baseline.values()
+        ]
+        table.add_row(label, f"{getattr(result, key):.4g}", target, *cells)
+    return table
+
+
+@app.command("sandbox")
+def sandbox_command(
+    backend: Annotated[Literal["local", "docker"], typer.Option(help="sandbox backend")] = "local",
+    json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    quick: Annotated[bool, typer.Option(help="fewer samples (for smoke tests)")] = False,
+) -> None:
+    """Exec latency, throughput, acquire, cold start, reset and memory, beside baselines."""
+    say = (
+        (lambda msg: None) if json_ else (lambda msg: console.print(f"[dim]measuring {msg} ...[/]"))
+    )
+    result = asyncio.run(run_sandbox_bench(backend, quick=quick, progress=say))
+    if json_:
+        print(result.model_dump_json())
+    else:
+        console.print(_table(result))
