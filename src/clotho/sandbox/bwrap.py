@@ -20,6 +20,7 @@ from pathlib import Path
 from clotho.errors import SandboxError
 from clotho.sandbox.base import ExecResult, Sandbox
 from clotho.sandbox.config import LocalSandboxConfig, base_env
+from clotho.sandbox.overlay import overlay_preexec
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.state import make_state_dir, remove_state_dir
 
@@ -70,18 +71,6 @@ def bwrap_argv(config: LocalSandboxConfig, root_mode: str, state: Path) -> list[
         argv += ["--share-net"]
     argv += ["--hostname", "clotho", "--die-with-parent", "--new-session"]
     argv += ["--chdir", config.workdir, "bash", "--noprofile", "--norc"]
-    if root_mode == "overlay":
-        mount = (
-            'mount -t tmpfs -o mode=0755 clotho "$0" && mkdir "$0/u" "$0/w" "$0/m" && '
-            'mount -t overlay clotho -o lowerdir=/,upperdir="$0/u",workdir="$0/w" "$0/m" '
-            '&& exec "$@"'
-        )
-        ovl = state / "ovl"
-        ovl.mkdir()
-        return [
-            "unshare", "--mount", "--propagation", "private", "--",
-            "/bin/sh", "-c", mount, str(ovl), *argv,
-        ]  # fmt: skip
     return argv
 
 
@@ -90,7 +79,7 @@ def resolve_root_mode(config: LocalSandboxConfig) -> str:
         if config.root == "overlay" and os.geteuid() != 0:
             raise SandboxError("root='overlay' needs root privileges; use root='ro'")
         return config.root
-    return "overlay" if os.geteuid() == 0 and shutil.which("unshare") else "ro"
+    return "overlay" if os.geteuid() == 0 else "ro"
 
 
 class BwrapSandbox(Sandbox):
@@ -116,10 +105,16 @@ class BwrapSandbox(Sandbox):
             (state / "app").mkdir()
             (state / "xfer").mkdir()
             argv = bwrap_argv(config, root_mode, state)
+            preexec = None
+            if root_mode == "overlay":
+                (state / "ovl").mkdir()
+                preexec = overlay_preexec(str(state / "ovl"))
             shell = PersistentShell(
                 argv,
+                preexec=preexec,
                 env=base_env("/root", config.env),
                 max_output_bytes=config.max_output_bytes,
+                session=config.shell == "session",
             )
             await shell.start()
         except BaseException:

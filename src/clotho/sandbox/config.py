@@ -15,6 +15,11 @@ class _Common(BaseModel):
     workdir: str = "/app"
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     max_output_bytes: int = Field(8 << 20, description="per stream; the middle is dropped beyond")
+    shell: Literal["session", "isolated"] = Field(
+        "session",
+        description="session: commands run in one long-lived shell (variables persist, no fork); "
+        "isolated: each command in its own subshell (a fork per command)",
+    )
     state_dir: str | None = Field(
         None, description="host folder for sandbox state (default: TMPDIR)"
     )

@@ -19,7 +19,8 @@ import secrets
 import shlex
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from clotho.errors import SandboxError
 from clotho.sandbox import proctree
@@ -28,6 +29,8 @@ from clotho.sandbox.base import ExecResult
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _READ_CHUNK = 1 << 16
 _DRAIN_TIMEOUT_S = 10.0
+# Stream readers pause their pipe beyond 2x their limit; ours must never pause (see _read).
+_STREAM_LIMIT = 1 << 40
 
 
 def build_command_script(
@@ -56,6 +59,27 @@ def build_command_script(
         f"printf '%s' {err_marker} >&2"
     )
     return ("\n".join(lines) + "\n").encode()
+
+
+def build_session_script(cmd: str, *, cwd: str | None, out_marker: str, err_marker: str) -> bytes:
+    """One command run by the session shell itself: no fork, shell state persists.
+
+    fds 98/99 are the protocol pipes (opened by the wrapper loop); they are restored after
+    every command, so `exec >file` lasts one command. An `exit` runs the EXIT trap, which
+    prints the markers flagged `X`; the wrapper then starts a fresh session shell.
+    """
+    run = f"builtin eval {shlex.quote(cmd)} </dev/null; __clotho_r=$?"
+    if cwd:
+        run = f"if builtin cd -- {shlex.quote(cwd)}; then {run}; else __clotho_r=126; fi"
+    return (
+        f"__clotho_o={out_marker}; __clotho_e={err_marker}; builtin trap "
+        '\'builtin printf "%s%s X\\n" "$__clotho_o" "$?" >&98; '
+        'builtin printf %s "$__clotho_e" >&99\' EXIT; '
+        f"{run}; "
+        "exec 1>&98 2>&99; builtin trap - EXIT; "
+        'builtin printf \'%s%s\\n\' "$__clotho_o" "$__clotho_r"; '
+        'builtin printf %s "$__clotho_e" >&2\n'
+    ).encode()
 
 
 class _Capture:
@@ -90,21 +114,39 @@ class _Capture:
 
 
 async def _read_to_marker(
-    stream: asyncio.StreamReader, buf: bytearray, marker: bytes, cap: int, *, with_code: bool
-) -> tuple[bytes, int | None]:
+    stream: asyncio.StreamReader,
+    buf: bytearray,
+    marker: bytes,
+    cap: int,
+    *,
+    with_code: bool,
+    restart: bytes | None = None,
+) -> tuple[bytes, int | None, str]:
+    """Output up to `marker` (or the session shell's `restart` marker, if it comes first).
+
+    Returns (output, exit code, how): how is "done", "exiting" (the command called exit)
+    or "restarted" (the session shell died and was started again).
+    """
     cap_state = _Capture(buf, cap)
-    keep_tail = max(cap // 2, len(marker) + 32)
+    longest = max(len(marker), len(restart or b""))
+    keep_tail = max(cap // 2, longest + 32)
     while True:
         idx = buf.find(marker, cap_state.searched)
+        ridx = buf.find(restart, cap_state.searched) if restart else -1
+        if ridx >= 0 and (idx < 0 or ridx < idx):
+            assert restart is not None
+            return cap_state.take(ridx, ridx + len(restart)), None, "restarted"
         if idx >= 0:
             if not with_code:
-                return cap_state.take(idx, idx + len(marker)), None
+                return cap_state.take(idx, idx + len(marker)), None, "done"
             newline = buf.find(b"\n", idx + len(marker))
             if newline >= 0:
-                code = int(buf[idx + len(marker) : newline] or b"-1")
-                return cap_state.take(idx, newline + 1), code
+                status = bytes(buf[idx + len(marker) : newline]).split()
+                code = int(status[0]) if status else -1
+                how = "exiting" if status[1:] == [b"X"] else "done"
+                return cap_state.take(idx, newline + 1), code, how
         else:
-            cap_state.searched = max(0, len(buf) - len(marker) + 1)
+            cap_state.searched = max(0, len(buf) - longest + 1)
         chunk = await stream.read(_READ_CHUNK)
         if not chunk:
             raise SandboxError("the sandbox shell exited unexpectedly")
@@ -146,6 +188,11 @@ class ShellChannel(abc.ABC):
         """Host pid of the outermost process, if there is one."""
         return None
 
+    @property
+    def shell_pid(self) -> int | None:
+        """Host pid of the bash that reads our commands, once `ready()` found it."""
+        return None
+
 
 class ProcessChannel(ShellChannel):
     def __init__(
@@ -155,8 +202,10 @@ class ProcessChannel(ShellChannel):
         env: dict[str, str],
         cwd: str | None = None,
         shell_comm: str = "bash",
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         self._argv = list(argv)
+        self._preexec = preexec
         self._env = env
         self._cwd = cwd
         self._shell_comm = shell_comm
@@ -177,12 +226,18 @@ class ProcessChannel(ShellChannel):
                 env=self._env,
                 cwd=self._cwd,
                 start_new_session=True,
+                limit=_STREAM_LIMIT,
+                preexec_fn=self._preexec,
             )
         except OSError as exc:
             raise SandboxError(f"cannot start sandbox shell {self._argv[0]!r}: {exc}") from exc
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self.stdout = self._proc.stdout
         self.stderr = self._proc.stderr
+
+    @property
+    def shell_pid(self) -> int | None:
+        return self._shell_pid
 
     async def ready(self) -> None:
         assert self._proc is not None
@@ -221,7 +276,17 @@ class ProcessChannel(ShellChannel):
 
 
 class PersistentShell:
-    """One long-lived bash process (possibly inside bubblewrap) that runs commands in turn."""
+    """One long-lived bash process (possibly inside bubblewrap or a container).
+
+    Two modes:
+
+    - `isolated`: each command runs in a background subshell: `cd`, exports and `exit`
+      never touch the shell; costs a fork (about 0.5 ms here) per command.
+    - `session`: a wrapper loop runs a session shell that executes commands itself, like a
+      terminal: shell variables and exports persist, no fork. `exit` or a crash restarts
+      the session shell (the wrapper prints a restart marker). Calls with `env` or `user`
+      still run isolated, so their environment cannot leak.
+    """
 
     def __init__(
         self,
@@ -232,22 +297,27 @@ class PersistentShell:
         max_output_bytes: int = 8 << 20,
         shell_comm: str = "bash",
         channel: ShellChannel | None = None,
+        session: bool = False,
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         if channel is None:
             if argv is None:
                 raise ValueError("PersistentShell needs argv or a channel")
-            channel = ProcessChannel(argv, env=env or {}, cwd=cwd, shell_comm=shell_comm)
+            channel = ProcessChannel(
+                argv, env=env or {}, cwd=cwd, shell_comm=shell_comm, preexec=preexec
+            )
         self._channel = channel
+        self._session = session
         self._started = False
         self._cap = max_output_bytes
         self._token = secrets.token_hex(8)
+        self._restart = f"__CLOTHO_{self._token}_RESTART__".encode()
         self._seq = 0
         self._lock = asyncio.Lock()
         self._out = bytearray()
         self._err = bytearray()
-        self._pending: (
-            asyncio.Task[tuple[tuple[bytes, int | None], tuple[bytes, int | None]]] | None
-        ) = None
+        self._pending: asyncio.Future[list[tuple[bytes, int | None, str]]] | None = None
+        self._stopper: asyncio.Task[None] | None = None
         self._dead: str | None = None
 
     @property
@@ -258,6 +328,12 @@ class PersistentShell:
         await self._channel.open()
         self._started = True
         try:
+            if self._session:
+                restart = self._restart.decode()
+                await self._channel.write(
+                    f"while :; do bash --noprofile --norc 98>&1 99>&2; "
+                    f"printf %s {restart}; printf %s {restart} >&2; done\n".encode()
+                )
             result = await self.run("true", timeout=timeout)
         except SandboxError as exc:
             stderr = bytes(self._err).decode(errors="replace").strip()
@@ -271,6 +347,35 @@ class PersistentShell:
         except BaseException:
             await self.close()
             raise
+
+    def _read(self, out_marker: str, err_marker: str) -> asyncio.Future[list[Any]]:
+        """One task reads stdout to its marker, then stderr to its marker.
+
+        Sequential reading is safe because the stream readers never pause their pipes
+        (their limit is far above any output cap), and it costs one task per command.
+        """
+        restart = self._restart if self._session else None
+
+        async def both() -> list[Any]:
+            out = await _read_to_marker(
+                self._channel.stdout,
+                self._out,
+                out_marker.encode(),
+                self._cap,
+                with_code=True,
+                restart=restart,
+            )
+            err = await _read_to_marker(
+                self._channel.stderr,
+                self._err,
+                err_marker.encode(),
+                self._cap,
+                with_code=False,
+                restart=restart,
+            )
+            return [out, err]
+
+        return asyncio.ensure_future(both())  # fmt: skip
 
     async def run(
         self,
@@ -292,67 +397,114 @@ class PersistentShell:
             self._seq += 1
             out_marker = f"__CLOTHO_{self._token}_{self._seq}_OUT__"
             err_marker = f"__CLOTHO_{self._token}_{self._seq}_ERR__"
-            script = build_command_script(
-                cmd, cwd=cwd, env=env, user=user, out_marker=out_marker, err_marker=err_marker
-            )
+            if self._session and env is None and user is None:
+                script = build_session_script(
+                    cmd, cwd=cwd, out_marker=out_marker, err_marker=err_marker
+                )
+            else:
+                script = build_command_script(
+                    cmd, cwd=cwd, env=env, user=user, out_marker=out_marker, err_marker=err_marker
+                )
             started = time.perf_counter()
+            since = (proctree.boot_seconds(), proctree.last_pid())
             try:
                 await self._channel.write(script)
             except SandboxError as exc:
                 self._dead = str(exc)
                 raise
-            io = asyncio.ensure_future(
-                asyncio.gather(
-                    _read_to_marker(
-                        self._channel.stdout,
-                        self._out,
-                        out_marker.encode(),
-                        self._cap,
-                        with_code=True,
-                    ),
-                    _read_to_marker(
-                        self._channel.stderr,
-                        self._err,
-                        err_marker.encode(),
-                        self._cap,
-                        with_code=False,
-                    ),
-                )
-            )
+            io = self._read(out_marker, err_marker)
             self._pending = io
             timed_out = False
             try:
                 done, _ = await asyncio.wait({io}, timeout=timeout)
                 if not done:
                     timed_out = True
-                    self.kill_running()
+                    await self._stop_current(io, since)
                     await self._finish_pending()
                     if self._dead:
                         raise SandboxError(self._dead)
             except asyncio.CancelledError:
                 # Leave the shell consistent for the next caller: stop the command now and let
                 # the next run() drain its markers.
-                self.kill_running()
+                self._stopper = asyncio.create_task(self._stop_current(io, since))
                 raise
             if io.cancelled():  # close() while the command ran
                 raise SandboxError(self._dead or "the sandbox is closed")
             try:
-                (stdout, code), (stderr, _) = io.result()
+                (stdout, code, how), (stderr, _, _) = io.result()
             except SandboxError as exc:
                 # The shell died: the other stream's reader may still be waiting, so no further
                 # command may start reading.
                 self._dead = self._dead or str(exc)
                 raise
             self._pending = None
-            return ExecResult(
-                exit_code=-9 if timed_out else (code if code is not None else -1),
+            if how == "exiting":
+                await self._await_restart()
+            if how == "restarted" and not timed_out:
+                stderr += b"\n[the shell was restarted: shell variables were reset]\n"
+            exit_code = code if code is not None else -1
+            return ExecResult.model_construct(  # trusted values: skip validation on the hot path
+                exit_code=-9 if timed_out else exit_code,
                 stdout=stdout.decode(errors="replace"),
                 stderr=stderr.decode(errors="replace"),
                 timed_out=timed_out,
                 duration_s=time.perf_counter() - started,
             )
 
+    async def _await_restart(self) -> None:
+        """After `exit`, the wrapper starts a new session shell and says so on both streams."""
+        marker = self._restart
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(
+                    _read_to_marker(
+                        self._channel.stdout, self._out, marker, self._cap, with_code=False
+                    ),
+                    _read_to_marker(
+                        self._channel.stderr, self._err, marker, self._cap, with_code=False
+                    ),
+                ),
+                _DRAIN_TIMEOUT_S,
+            )
+        except (TimeoutError, SandboxError) as exc:
+            self._dead = f"the session shell did not restart: {exc}"
+            raise SandboxError(self._dead) from exc
+
+    def _session_shell_pid(self) -> int | None:
+        wrapper = self._channel.shell_pid
+        if wrapper is None:
+            return None
+        inner = proctree.children(wrapper)
+        return inner[0] if inner else None
+
+    async def _stop_current(self, io: asyncio.Future[Any], since: tuple[float, int | None]) -> None:
+        """Kill the running command's process tree; in session mode, if the command is the
+        shell itself (a builtin loop), kill the session shell and let the wrapper restart it."""
+        if not self._session:
+            self._channel.kill_running()
+            return
+        inner = self._session_shell_pid()
+        if inner is None:
+            return
+        # Twice: under load the command may not have forked everything yet the first time.
+        for grace in (1.0, 0.5):
+            proctree.kill_descendants(inner, started_after=since[0], after_pid=since[1])
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(io), grace)
+            if io.done():
+                return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(inner, signal.SIGKILL)  # a builtin loop: restart the session shell
+
+    def kill_running(self) -> None:
+        """Kill the current command's process tree; the shell itself survives."""
+        self._channel.kill_running()
+
     async def _finish_pending(self) -> None:
+        if self._stopper is not None:
+            with contextlib.suppress(BaseException):
+                await self._stopper
+            self._stopper = None
         pending = self._pending
         if pending is None:
             return
@@ -364,17 +516,17 @@ class PersistentShell:
             with contextlib.suppress(asyncio.CancelledError, SandboxError):
                 await pending
         if pending.done() and not pending.cancelled() and pending.exception() is None:
+            if any(how == "exiting" for _, _, how in pending.result()):
+                await self._await_restart()
             self._pending = None
-
-    def kill_running(self) -> None:
-        """Kill the current command's process tree; the shell itself survives."""
-        self._channel.kill_running()
 
     async def close(self) -> None:
         self._dead = self._dead or "the sandbox is closed"
         if not self._started:
             return
         self._started = False
+        if self._stopper is not None:
+            self._stopper.cancel()
         await self._channel.close()
         if self._pending is not None:
             self._pending.cancel()

@@ -37,6 +37,7 @@ class UnsafeLocalSandbox(Sandbox):
             env=base_env(str(state / "home"), {"TMPDIR": str(state), **config.env}),
             cwd=str(state / "app"),
             max_output_bytes=config.max_output_bytes,
+            session=config.shell == "session",
         )
         try:
             await shell.start()

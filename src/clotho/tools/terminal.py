@@ -14,9 +14,9 @@ async def terminal(
 ) -> str:
     """Run a bash command in the task's sandbox and return its combined stdout and stderr.
 
-    Each call starts in the working directory with a fresh shell state (use `cd dir && ...`
-    within one command). Background processes (`cmd &`) keep running between calls. Long
-    output is cut in the middle.
+    Calls share one shell session: variables and exports persist, and background
+    processes (`cmd &`) keep running. Each call starts in the working directory (or
+    `workdir`), so use `cd dir && ...` within one command. Long output is cut in the middle.
 
     Args:
         command: the bash command line to run.

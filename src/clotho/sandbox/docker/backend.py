@@ -125,7 +125,11 @@ class DockerSandbox(Sandbox):
             channel = DockerExecChannel(
                 container, env=base_env("/root", config.env), workdir=config.workdir
             )
-            shell = PersistentShell(channel=channel, max_output_bytes=config.max_output_bytes)
+            shell = PersistentShell(
+                channel=channel,
+                max_output_bytes=config.max_output_bytes,
+                session=config.shell == "session",
+            )
             await shell.start()
         except BaseException:
             if container is not None:
@@ -168,6 +172,10 @@ class DockerSandbox(Sandbox):
 
     async def read_file(self, path: str) -> bytes:
         path = self.resolve(path)
+        # Ask first: the archive of a directory is its whole tree (all of / for "/").
+        check = await self._shell.run(f"[ -d {shlex.quote(path)} ]")
+        if check.exit_code == 0:
+            raise IsADirectoryError(f"is a directory: {path}")
         tar = await self._get_archive(path)
         member = tar.getmembers()[0]
         if member.isdir():

@@ -8,7 +8,7 @@ from typing import Any
 
 from clotho.errors import SandboxError
 from clotho.sandbox import proctree
-from clotho.sandbox.shell import ShellChannel
+from clotho.sandbox.shell import _STREAM_LIMIT, ShellChannel
 
 
 class DockerExecChannel(ShellChannel):
@@ -22,11 +22,15 @@ class DockerExecChannel(ShellChannel):
         self._stream: Any = None
         self._pump: asyncio.Task[None] | None = None
         self._shell_pid: int | None = None
-        self.stdout = asyncio.StreamReader(limit=1 << 30)
-        self.stderr = asyncio.StreamReader(limit=1 << 30)
+        self.stdout = asyncio.StreamReader(limit=_STREAM_LIMIT)
+        self.stderr = asyncio.StreamReader(limit=_STREAM_LIMIT)
 
     @property
     def pid(self) -> int | None:
+        return self._shell_pid
+
+    @property
+    def shell_pid(self) -> int | None:
         return self._shell_pid
 
     async def open(self) -> None:
