@@ -436,7 +436,7 @@ async def test_terminal_is_a_session_that_starts_in_the_workdir(rt: ToolRuntime)
     await call(terminal, rt, command="mkdir -p sub/dir && cd sub && export X=1")
     out = json.loads(await call(terminal, rt, command='pwd; echo "${X-unset}"'))
     assert out["output"] == "/app\n1\n"  # variables persist, the directory starts over
-    out = json.loads(await call(terminal, rt, command='exit 4'))
+    out = json.loads(await call(terminal, rt, command="exit 4"))
     assert out["exit_code"] == 4
     out = json.loads(await call(terminal, rt, command='echo "${X-unset}"'))
     assert out["output"] == "unset\n"  # `exit` started a fresh session

@@ -108,7 +108,11 @@ async def run_eval(
     labels = {"clotho.run": f"{out_dir.name}-{secrets.token_hex(3)}"}
     semaphore = asyncio.Semaphore(config.concurrency)
     started = time.perf_counter()
-    pool = SlotPool(PoolConfig(max_size=2 * config.concurrency), labels=labels)
+    pool = SlotPool(
+        PoolConfig(max_size=2 * config.concurrency),
+        labels=labels,
+        docker_url=getattr(config.sandbox, "docker_url", None),
+    )
     resolver = (
         ImageResolver(pool.docker, force_build=config.force_build)
         if isinstance(config.sandbox, DockerSandboxConfig)

@@ -64,8 +64,10 @@ class SlotPool:
         *,
         labels: dict[str, str] | None = None,
         opener: Opener | None = None,
+        docker_url: str | None = None,
     ) -> None:
         self.config = config or PoolConfig()
+        self._docker_url = docker_url
         self.labels = dict(labels or {})
         self._opener = opener or self._open
         self._idle: dict[str, deque[_Slot]] = defaultdict(deque)
@@ -87,7 +89,7 @@ class SlotPool:
             from clotho.sandbox.docker.backend import DockerSandbox, docker_client
 
             if self._docker is None:
-                self._docker = docker_client(config.docker_url)
+                self._docker = docker_client(config.docker_url or self._docker_url)
                 self._spawn(self._reap_orphans(docker=True))
             return await DockerSandbox.create(
                 config, labels, docker=self._docker, lease_s=self.config.lease_s
@@ -102,7 +104,7 @@ class SlotPool:
         if self._docker is None:
             from clotho.sandbox.docker.backend import docker_client
 
-            self._docker = docker_client()
+            self._docker = docker_client(self._docker_url)
             self._spawn(self._reap_orphans(docker=True))
         return self._docker
 
@@ -206,16 +208,19 @@ class SlotPool:
         try:
             sandbox = await self._opener(config, {**self.labels, **(labels or {})})
         except BaseException:
-            async with self._cond:
-                self._starting -= 1
-                self._cond.notify_all()
-            raise
-        self.created += 1
-        async with self._cond:
             self._starting -= 1
-            self._in_use[id(sandbox)] = _Slot(sandbox, key)
+            self._spawn(self._notify())  # capacity freed; not awaited, so a cancel can't lose it
+            raise
+        # No await between opening and tracking: a cancellation cannot leak the sandbox.
+        self.created += 1
+        self._starting -= 1
+        self._in_use[id(sandbox)] = _Slot(sandbox, key)
         self._want(key, config)
         return sandbox
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
 
     async def release(self, sandbox: Sandbox, *, reset: bool = True) -> None:
         """Give a sandbox back. A used sandbox is destroyed and (if kept warm) replaced."""

@@ -106,4 +106,8 @@ def kill_descendants(
                 killed += 1
             except ProcessLookupError:
                 pass
+            except PermissionError:
+                # Not ours to kill (a container process seen by a non-root user): give up
+                # here; the sandbox's own close still removes everything.
+                return killed
     return killed

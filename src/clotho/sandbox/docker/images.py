@@ -60,6 +60,7 @@ async def build_image(
     dockerfile: str = "Dockerfile",
     timeout_s: float = 600.0,
     network: str = "host",
+    nocache: bool = False,
 ) -> str:
     """Build `context` into `tag` through the Engine API; a failed step raises SandboxError.
 
@@ -73,6 +74,7 @@ async def build_image(
         "rm": "1",
         "forcerm": "1",
         "networkmode": network,
+        "nocache": "1" if nocache else "0",
         "labels": json.dumps({IMAGE_LABEL: tag.rsplit(":", 1)[-1], "clotho": "1"}),
     }
     log: list[str] = []
@@ -123,4 +125,4 @@ async def ensure_context_image(
     async with lock:  # concurrent attempts at one task build once
         if not force and await image_exists(docker, tag):
             return tag
-        return await build_image(docker, context, tag, timeout_s=timeout_s)
+        return await build_image(docker, context, tag, timeout_s=timeout_s, nocache=force)

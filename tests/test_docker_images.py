@@ -1,0 +1,249 @@
+"""Task images (sandbox/docker/images.py): content-hashed tags, built once, rebuilt on demand.
+
+The Docker tests are skipped with the reason shown when no Docker daemon answers; in CI
+(CI=true) its absence fails them instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clotho.errors import SandboxError
+from clotho.sandbox import open_sandbox
+from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.docker import images
+from clotho.sandbox.docker.images import (
+    IMAGE_LABEL,
+    context_hash,
+    ensure_context_image,
+    image_exists,
+)
+
+BASE_IMAGE = "clotho/base:bookworm"
+IN_CI = os.environ.get("CI") == "true"
+
+
+def docker_problem() -> str | None:
+    """Why no Docker daemon can be used, or None when one answers."""
+    try:
+        import aiodocker
+    except ImportError:
+        return "aiodocker is not installed (pip install -e '.[docker]')"
+
+    async def probe() -> None:
+        docker = aiodocker.Docker()
+        try:
+            async with asyncio.timeout(10):
+                await docker.version()
+        finally:
+            await docker.close()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+DOCKER_PROBLEM = docker_problem()
+requires_docker = pytest.mark.skipif(
+    DOCKER_PROBLEM is not None and not IN_CI,
+    reason=f"no Docker daemon answers ({DOCKER_PROBLEM}); make docker-deps sets one up",
+)
+
+
+@pytest.fixture
+async def docker() -> AsyncIterator[Any]:
+    if DOCKER_PROBLEM is not None:
+        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
+    import aiodocker
+
+    client = aiodocker.Docker()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def tags(docker: Any) -> AsyncIterator[list[str]]:
+    """Tags a test creates; removed afterwards (by tag: an image with other tags keeps them)."""
+    from aiodocker.exceptions import DockerError
+
+    created: list[str] = []
+    yield created
+    for tag in created:
+        try:
+            await docker.images.delete(tag, force=True)
+        except DockerError as exc:
+            assert exc.status == 404, exc
+
+
+def expected_tag(context: Path, slug: str) -> str:
+    return f"clotho-env/{slug}:{context_hash(context)[:16]}"
+
+
+def write_context(root: Path, dockerfile: str, files: dict[str, str] | None = None) -> Path:
+    root.mkdir(parents=True)
+    (root / "Dockerfile").write_text(dockerfile)
+    for rel, content in (files or {}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(content)
+    return root
+
+
+# --- context_hash ----------------------------------------------------------------------------
+
+
+def test_context_hash_follows_content_and_mode_only(tmp_path: Path) -> None:
+    files = {"data.txt": "hello\n", "sub/script.sh": "#!/bin/sh\necho hi\n"}
+    a = write_context(tmp_path / "a", "FROM scratch\n", files)
+    b = write_context(tmp_path / "elsewhere" / "b", "FROM scratch\n", files)
+    h = context_hash(a)
+    assert len(h) == 64 and int(h, 16) >= 0
+    assert context_hash(b) == h  # the location does not matter
+    assert context_hash(a) == h  # stable
+
+    os.utime(a / "data.txt", (1, 1))  # timestamps do not matter
+    assert context_hash(a) == h
+
+    (a / "data.txt").write_text("hello!\n")
+    changed = context_hash(a)
+    assert changed != h
+    (a / "data.txt").write_text("hello\n")
+    assert context_hash(a) == h
+
+    (a / "sub" / "script.sh").chmod(0o755)
+    assert context_hash(a) != h
+    (a / "sub" / "script.sh").chmod(0o644)
+    assert context_hash(a) == h
+
+    (a / "data.txt").rename(a / "renamed.txt")
+    assert context_hash(a) != h
+    (a / "renamed.txt").rename(a / "data.txt")
+    assert context_hash(a) == h
+
+    (a / "empty").mkdir()
+    assert context_hash(a) != h
+    (a / "empty").rmdir()
+
+    (a / "link").symlink_to("data.txt")
+    linked = context_hash(a)
+    assert linked != h
+    (a / "link").unlink()
+    (a / "link").symlink_to("sub/script.sh")
+    assert context_hash(a) not in (h, linked)
+    (a / "link").unlink()
+    assert context_hash(a) == h
+
+
+# --- building --------------------------------------------------------------------------------
+
+
+@requires_docker
+async def test_built_once_then_reused_and_force_rebuilds(
+    docker: Any, tags: list[str], tmp_path: Path
+) -> None:
+    token = secrets.token_hex(4)
+    context = write_context(
+        tmp_path / "ctx",
+        f"FROM {BASE_IMAGE}\nCOPY token.txt /opt/token.txt\n",
+        {"token.txt": token},
+    )
+    name = f"Test Image_{token}!"
+    tag = expected_tag(context, f"test-image_{token}")
+    tags.append(tag)
+    assert not await image_exists(docker, tag)
+
+    assert await ensure_context_image(docker, context, name) == tag
+    first = await docker.images.inspect(tag)
+    assert first["Config"]["Labels"][IMAGE_LABEL] == context_hash(context)[:16]
+    assert first["Config"]["Labels"]["clotho"] == "1"
+
+    # Second call: the same tag, no build (the image is untouched).
+    assert await ensure_context_image(docker, context, name) == tag
+    second = await docker.images.inspect(tag)
+    assert (second["Id"], second["Created"]) == (first["Id"], first["Created"])
+
+    # Point the tag at another image: only a build can bring the built one back.
+    base_id = (await docker.images.inspect(BASE_IMAGE))["Id"]
+    repo, _, version = tag.rpartition(":")
+    await docker.images.tag(BASE_IMAGE, repo, tag=version)
+    assert await ensure_context_image(docker, context, name) == tag
+    assert (await docker.images.inspect(tag))["Id"] == base_id  # not rebuilt
+    assert await ensure_context_image(docker, context, name, force=True) == tag
+    rebuilt = await docker.images.inspect(tag)
+    assert rebuilt["Id"] != base_id
+    assert rebuilt["Config"]["Labels"][IMAGE_LABEL] == context_hash(context)[:16]
+
+
+@requires_docker
+async def test_concurrent_requests_build_once(
+    docker: Any, tags: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = secrets.token_hex(4)
+    context = write_context(
+        tmp_path / "ctx", f"FROM {BASE_IMAGE}\nCOPY token.txt /opt/\n", {"token.txt": token}
+    )
+    tags.append(expected_tag(context, f"conc-{token}"))
+    builds: list[str] = []
+    real_build = images.build_image
+
+    async def counting_build(docker: Any, context: Path, tag: str, **kwargs: Any) -> str:
+        builds.append(tag)
+        return await real_build(docker, context, tag, **kwargs)
+
+    monkeypatch.setattr(images, "build_image", counting_build)
+    locks: dict[str, asyncio.Lock] = {}
+    results = await asyncio.gather(
+        *(ensure_context_image(docker, context, f"conc-{token}", locks=locks) for _ in range(3))
+    )
+    assert results == [tags[0]] * 3
+    assert builds == [tags[0]]
+
+
+@requires_docker
+async def test_failing_dockerfile_raises_with_the_build_log(
+    docker: Any, tags: list[str], tmp_path: Path
+) -> None:
+    token = secrets.token_hex(4)
+    context = write_context(
+        tmp_path / "broken",
+        f"FROM {BASE_IMAGE}\nRUN echo about-to-fail-{token} && exit 3\n",
+    )
+    tag = expected_tag(context, f"broken-{token}")
+    tags.append(tag)
+    with pytest.raises(SandboxError) as info:
+        await ensure_context_image(docker, context, f"broken-{token}")
+    message = str(info.value)
+    assert str(context) in message
+    assert "returned a non-zero code: 3" in message
+    assert f"about-to-fail-{token}" in message  # the output of the failing step
+    assert not await image_exists(docker, tag)
+
+
+@requires_docker
+async def test_container_sees_the_copied_files(
+    docker: Any, tags: list[str], tmp_path: Path
+) -> None:
+    token = secrets.token_hex(4)
+    context = write_context(
+        tmp_path / "env",
+        f"FROM {BASE_IMAGE}\nWORKDIR /app\nCOPY . /app/\n",
+        {"data.txt": f"payload {token}\n", "tools/run.sh": "#!/bin/sh\necho ran\n"},
+    )
+    (context / "tools" / "run.sh").chmod(0o755)
+    tag = await ensure_context_image(docker, context, f"copy-{token}")
+    tags.append(tag)
+    async with await open_sandbox(DockerSandboxConfig(image=tag)) as sb:
+        r = await sb.exec("cat data.txt && ./tools/run.sh && ls")
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout == f"payload {token}\nran\nDockerfile\ndata.txt\ntools\n"
+        assert await sb.read_file("/app/data.txt") == f"payload {token}\n".encode()

@@ -1,0 +1,458 @@
+"""The Docker sandbox (sandbox/docker/) against a real Docker engine.
+
+Skipped with the reason shown when no Docker daemon answers; in CI (CI=true), where the
+daemon is set up on purpose, its absence fails the tests instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import secrets
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clotho.errors import SandboxError
+from clotho.sandbox import open_sandbox
+from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.docker.backend import DockerSandbox
+from clotho.sandbox.leases import LEASE_EXPIRES, OWNER
+
+BASE_IMAGE = "clotho/base:bookworm"
+IN_CI = os.environ.get("CI") == "true"
+
+
+def docker_problem() -> str | None:
+    """Why no Docker daemon can be used, or None when one answers."""
+    try:
+        import aiodocker
+    except ImportError:
+        return "aiodocker is not installed (pip install -e '.[docker]')"
+
+    async def probe() -> None:
+        docker = aiodocker.Docker()
+        try:
+            async with asyncio.timeout(10):
+                await docker.version()
+        finally:
+            await docker.close()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+DOCKER_PROBLEM = docker_problem()
+requires_docker = pytest.mark.skipif(
+    DOCKER_PROBLEM is not None and not IN_CI,
+    reason=f"no Docker daemon answers ({DOCKER_PROBLEM}); make docker-deps sets one up",
+)
+
+
+@pytest.fixture
+async def docker() -> AsyncIterator[Any]:
+    """A raw aiodocker client, to look at containers from outside the sandbox."""
+    if DOCKER_PROBLEM is not None:
+        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
+    import aiodocker
+
+    client = aiodocker.Docker()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def sandbox(docker: Any) -> AsyncIterator[DockerSandbox]:
+    sb = await open_sandbox(DockerSandboxConfig(), labels={"clotho.test": "sandbox-docker"})
+    assert isinstance(sb, DockerSandbox)
+    try:
+        yield sb
+    finally:
+        await sb.close()
+
+
+async def inspect(docker: Any, sb: DockerSandbox) -> dict[str, Any]:
+    return await docker.containers.container(sb.id).show()
+
+
+async def container_args(sb: DockerSandbox) -> list[str]:
+    r = await sb.exec("ps -eo args=")
+    assert r.exit_code == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+async def wait_for_args(
+    sb: DockerSandbox, token: str, count: int, timeout: float = 5.0
+) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [a for a in await container_args(sb) if token in a]
+        if len(found) == count or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.05)
+
+
+FORK_100 = """python3 -c '
+import subprocess
+procs = []
+try:
+    for _ in range(100):
+        procs.append(subprocess.Popen(["sleep", "30"]))
+    print("started", len(procs))
+except OSError:
+    print("limited at", len(procs))
+for p in procs:
+    p.kill()
+    p.wait()
+'"""
+
+
+# --- exec ------------------------------------------------------------------------------------
+
+
+@requires_docker
+async def test_exec_output_exit_code_and_cwd(sandbox: DockerSandbox) -> None:
+    r = await sandbox.exec("echo out; echo err >&2; exit 3")
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == ("out\n", "err\n", 3, False)
+    assert not r.ok
+    r = await sandbox.exec("printf 'no newline'")
+    assert r.stdout == "no newline" and r.ok
+    assert sandbox.workdir == "/app"
+    assert (await sandbox.exec("pwd")).stdout == "/app\n"
+    assert (await sandbox.exec("mkdir -p sub/dir && cd sub && pwd")).stdout == "/app/sub\n"
+    assert (await sandbox.exec("pwd", cwd="sub/dir")).stdout == "/app/sub/dir\n"
+    assert (await sandbox.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
+    assert (await sandbox.exec("pwd")).stdout == "/app\n"  # cd does not stick
+    r = await sandbox.exec("pwd", cwd="/no/such/dir")
+    assert r.exit_code == 126
+    r = await sandbox.exec("exit 7")
+    assert r.exit_code == 7
+    r = await sandbox.exec("if then fi")
+    assert r.exit_code != 0 and "syntax error" in r.stderr
+    assert (await sandbox.exec("echo still alive")).stdout == "still alive\n"
+
+
+@requires_docker
+async def test_environment(docker: Any) -> None:
+    config = DockerSandboxConfig(env={"FROM_CONFIG": "c 1"})
+    assert "PYTEST_CURRENT_TEST" in os.environ
+    async with await open_sandbox(config) as sb:
+        r = await sb.exec(
+            'echo "$FROM_CONFIG|$PER_CALL|${PYTEST_CURRENT_TEST-unset}|$HOME|$PATH"',
+            env={"PER_CALL": "it's $quoted"},
+        )
+        from_config, per_call, leaked, home, path = r.stdout.rstrip("\n").split("|")
+        assert from_config == "c 1"
+        assert per_call == "it's $quoted"
+        assert leaked == "unset"
+        assert home == "/root"
+        assert "/usr/bin" in path.split(":")
+        assert (await sb.exec('echo "${PER_CALL-unset}"')).stdout == "unset\n"
+        assert (await sb.exec("id -un")).stdout == "root\n"
+        assert (await sb.exec("id -un", user="nobody")).stdout == "nobody\n"
+
+
+@requires_docker
+async def test_timeout_kills_the_tree_but_not_the_shell_or_background(
+    sandbox: DockerSandbox,
+) -> None:
+    token = f"clotho-probe-{secrets.token_hex(4)}"
+    r = await sandbox.exec(f"(exec -a {token}-bg sleep 300) & echo started")
+    assert r.stdout == "started\n"
+    started = time.monotonic()
+    r = await sandbox.exec(
+        f"(exec -a {token}-child sleep 300) & bash -c 'exec -a {token}-grandchild sleep 300'",
+        timeout=0.5,
+    )
+    assert time.monotonic() - started < 5
+    assert r.timed_out and r.exit_code == -9 and not r.ok
+    survivors = await wait_for_args(sandbox, token, 1)
+    assert survivors == [f"{token}-bg 300"]
+    r = await sandbox.exec("echo after")
+    assert r.stdout == "after\n" and r.exit_code == 0
+    # The background process keeps running across later commands.
+    assert await wait_for_args(sandbox, token, 1) == [f"{token}-bg 300"]
+
+
+# --- container settings ----------------------------------------------------------------------
+
+
+@requires_docker
+async def test_network_is_none_by_default(sandbox: DockerSandbox, docker: Any) -> None:
+    r = await sandbox.exec("cat /proc/net/dev")
+    interfaces = [line.split(":")[0].strip() for line in r.stdout.splitlines()[2:]]
+    assert interfaces == ["lo"]
+    info = await inspect(docker, sandbox)
+    assert info["HostConfig"]["NetworkMode"] == "none"
+    assert info["Config"]["WorkingDir"] == "/app"
+    assert info["Config"]["Image"] == BASE_IMAGE
+    assert info["HostConfig"]["Init"] is True
+    assert info["State"]["Running"] is True
+
+
+@requires_docker
+async def test_network_host_when_enabled(docker: Any) -> None:
+    async with await open_sandbox(DockerSandboxConfig(network=True)) as sb:
+        assert isinstance(sb, DockerSandbox)
+        info = await inspect(docker, sb)
+        assert info["HostConfig"]["NetworkMode"] == "host"
+        r = await sb.exec("cat /proc/net/dev")
+        interfaces = {line.split(":")[0].strip() for line in r.stdout.splitlines()[2:]}
+        host = {
+            line.split(":")[0].strip()
+            for line in Path("/proc/net/dev").read_text().splitlines()[2:]
+        }
+        assert interfaces == host
+
+
+@requires_docker
+async def test_labels_on_the_container(sandbox: DockerSandbox, docker: Any) -> None:
+    labels = (await inspect(docker, sandbox))["Config"]["Labels"]
+    assert labels["clotho"] == "1"
+    assert labels[OWNER] == f"{socket.gethostname()}:{os.getpid()}"
+    assert abs(int(labels[LEASE_EXPIRES]) - (time.time() + 6 * 3600)) < 120
+    assert labels["clotho.test"] == "sandbox-docker"
+    assert sandbox.labels == {"clotho.test": "sandbox-docker"}
+    found = await docker.containers.list(
+        all=True, filters={"label": [f"{OWNER}={labels[OWNER]}", "clotho.test=sandbox-docker"]}
+    )
+    assert [c.id for c in found] == [sandbox.id]
+
+
+@requires_docker
+async def test_lease_length_is_configurable(docker: Any) -> None:
+    sb = await DockerSandbox.create(DockerSandboxConfig(), {"custom": "x"}, lease_s=120)
+    try:
+        labels = (await inspect(docker, sb))["Config"]["Labels"]
+        assert 100 < int(labels[LEASE_EXPIRES]) - time.time() <= 121
+        assert labels["custom"] == "x"
+    finally:
+        await sb.close()
+
+
+@requires_docker
+async def test_resource_limits_are_applied(docker: Any) -> None:
+    config = DockerSandboxConfig(cpus=0.5, memory_mb=256, pids_limit=64)
+    async with await open_sandbox(config) as sb:
+        assert isinstance(sb, DockerSandbox)
+        host = (await inspect(docker, sb))["HostConfig"]
+        assert host["NanoCpus"] == 500_000_000
+        assert host["Memory"] == 256 * 1024 * 1024
+        assert host["PidsLimit"] == 64
+        r = await sb.exec(
+            "cat /sys/fs/cgroup/memory.max 2>/dev/null || "
+            "cat /sys/fs/cgroup/memory/memory.limit_in_bytes"
+        )
+        assert r.stdout.strip() == str(256 * 1024 * 1024)
+        # The pids limit bites: 100 processes cannot all start (python, as bash retries forks).
+        r = await sb.exec(FORK_100, timeout=30)
+        assert r.stdout.startswith("limited at "), (r.stdout, r.stderr)
+        assert int(r.stdout.split()[2]) < 64
+    # Defaults: a pids limit, no CPU or memory limit.
+    async with await open_sandbox(DockerSandboxConfig()) as sb:
+        assert isinstance(sb, DockerSandbox)
+        host = (await inspect(docker, sb))["HostConfig"]
+        assert host["PidsLimit"] == 4096
+        assert not host.get("NanoCpus")
+        assert not host.get("Memory")
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+@requires_docker
+async def test_all_byte_values_round_trip(sandbox: DockerSandbox) -> None:
+    data = bytes(range(256)) * 3
+    await sandbox.write_file("bytes.bin", data)
+    assert await sandbox.read_file("bytes.bin") == data
+    assert await sandbox.read_file("/app/bytes.bin") == data
+    r = await sandbox.exec("wc -c < bytes.bin; od -An -tx1 -N4 -j254 bytes.bin")
+    assert r.stdout.split() == ["768", "fe", "ff", "00", "01"]
+    await sandbox.write_file("bytes.bin", b"short")  # replaces, no leftover tail
+    assert await sandbox.read_file("bytes.bin") == b"short"
+    r = await sandbox.exec(r"printf 'inside\000\377' > '-odd name $x'")
+    assert await sandbox.read_file("-odd name $x") == b"inside\x00\xff"
+
+
+@requires_docker
+async def test_large_random_file_round_trip(sandbox: DockerSandbox) -> None:
+    data = random.Random(1234).randbytes(3 << 20)
+    await sandbox.write_file("/tmp/deep/er/big.bin", data)
+    r = await sandbox.exec("sha256sum < /tmp/deep/er/big.bin")
+    assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+    assert await sandbox.read_file("/tmp/deep/er/big.bin") == data
+
+
+@requires_docker
+async def test_read_file_follows_symlinks(sandbox: DockerSandbox) -> None:
+    await sandbox.write_file("target.txt", b"pointed at")
+    await sandbox.exec("ln -s target.txt rel-link && ln -s /app/target.txt /tmp/abs-link")
+    assert await sandbox.read_file("rel-link") == b"pointed at"
+    assert await sandbox.read_file("/tmp/abs-link") == b"pointed at"
+
+
+@requires_docker
+async def test_upload_download_tree(sandbox: DockerSandbox, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "nested" / "deeper").mkdir(parents=True)
+    (src / "top.txt").write_text("top\n")
+    (src / "nested" / "deeper" / "leaf.txt").write_text("leaf")
+    blob = random.Random(7).randbytes(100_000)
+    (src / "nested" / "blob.bin").write_bytes(blob)
+    (src / "script.sh").write_text("#!/bin/sh\necho run\n")
+    (src / "script.sh").chmod(0o755)
+    (src / "link").symlink_to("nested/deeper/leaf.txt")
+
+    await sandbox.exec("mkdir -p proj && echo keep > proj/keep.txt")
+    await sandbox.upload(src, "proj")
+    r = await sandbox.exec(
+        "cat proj/top.txt proj/nested/deeper/leaf.txt; echo; readlink proj/link; "
+        "cat proj/link; echo; ./proj/script.sh; cat proj/keep.txt"
+    )
+    assert r.stdout == "top\nleaf\nnested/deeper/leaf.txt\nleaf\nrun\nkeep\n", r.stderr
+    assert await sandbox.read_file("/app/proj/nested/blob.bin") == blob
+
+    await sandbox.exec("echo added > proj/nested/new.txt")
+    out = tmp_path / "out" / "proj"
+    await sandbox.download("proj", out)
+    assert (out / "top.txt").read_text() == "top\n"
+    assert (out / "keep.txt").read_text() == "keep\n"
+    assert (out / "nested" / "deeper" / "leaf.txt").read_text() == "leaf"
+    assert (out / "nested" / "blob.bin").read_bytes() == blob
+    assert (out / "nested" / "new.txt").read_text() == "added\n"
+    assert (out / "link").is_symlink()
+    assert os.readlink(out / "link") == "nested/deeper/leaf.txt"
+    assert os.access(out / "script.sh", os.X_OK)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["proj"]  # no temporary leftovers
+
+    single = tmp_path / "single.bin"
+    single.write_bytes(b"\x00\x01single")
+    await sandbox.upload(single, "/tmp/x/renamed.bin")
+    assert await sandbox.read_file("/tmp/x/renamed.bin") == b"\x00\x01single"
+    dest = tmp_path / "dl" / "copy.bin"
+    await sandbox.download("/tmp/x/renamed.bin", dest)
+    assert dest.read_bytes() == b"\x00\x01single"
+    with pytest.raises(FileExistsError):
+        await sandbox.download("/tmp/x/renamed.bin", dest)
+
+
+@requires_docker
+async def test_file_errors(sandbox: DockerSandbox, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        await sandbox.read_file("missing.txt")
+    with pytest.raises(FileNotFoundError):
+        await sandbox.read_file("/no/such/dir/file")
+    await sandbox.exec("mkdir -p somedir")
+    with pytest.raises(IsADirectoryError):
+        await sandbox.read_file("somedir")
+    started = time.monotonic()
+    with pytest.raises(IsADirectoryError):
+        await sandbox.read_file("/")
+    with pytest.raises(IsADirectoryError):
+        await sandbox.read_file("/usr")
+    assert time.monotonic() - started < 2  # not by fetching the archive of the whole tree
+    with pytest.raises(IsADirectoryError):
+        await sandbox.write_file("somedir", b"x")
+    with pytest.raises(FileNotFoundError):
+        await sandbox.upload(tmp_path / "nope", "/app/nope")
+    with pytest.raises(FileNotFoundError):
+        await sandbox.download("/app/nope", tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
+    assert (await sandbox.exec("echo still fine")).stdout == "still fine\n"
+
+
+# --- lifecycle -------------------------------------------------------------------------------
+
+
+@requires_docker
+async def test_close_removes_the_container_without_a_grace_period(docker: Any) -> None:
+    from aiodocker.exceptions import DockerError
+
+    sb = await open_sandbox(DockerSandboxConfig())
+    assert isinstance(sb, DockerSandbox)
+    # Processes that ignore SIGTERM: a `docker stop` would wait its 10 s grace period.
+    r = await sb.exec("(trap '' TERM; exec sleep 300) & (trap '' TERM; exec sleep 301) & echo ok")
+    assert r.stdout == "ok\n"
+    assert (await inspect(docker, sb))["State"]["Running"] is True
+    started = time.monotonic()
+    await sb.close()
+    assert time.monotonic() - started < 3
+    with pytest.raises(DockerError) as info:
+        await inspect(docker, sb)
+    assert info.value.status == 404
+    await sb.close()  # idempotent
+    with pytest.raises(SandboxError):
+        await sb.exec("true")
+
+
+@requires_docker
+async def test_failed_start_leaves_no_container(docker: Any) -> None:
+    marker = f"failed-start-{secrets.token_hex(4)}"
+    with pytest.raises(SandboxError, match="cannot start a container"):
+        await open_sandbox(DockerSandboxConfig(workdir="/dev/null/app"), labels={"probe": marker})
+    with pytest.raises(SandboxError, match="no-such-image"):
+        await open_sandbox(
+            DockerSandboxConfig(image="clotho/no-such-image:never"), labels={"probe": marker}
+        )
+    left = await docker.containers.list(all=True, filters={"label": [f"probe={marker}"]})
+    assert left == []
+
+
+async def test_missing_docker_socket_is_a_sandbox_error(tmp_path: Path) -> None:
+    # Needs no daemon: the point is a clear error instead of a hang.
+    socket_path = tmp_path / "missing" / "docker.sock"
+    config = DockerSandboxConfig(docker_url=f"unix://{socket_path}")
+    started = time.monotonic()
+    async with asyncio.timeout(30):
+        with pytest.raises(SandboxError) as info:
+            await open_sandbox(config)
+    assert time.monotonic() - started < 10
+    try:
+        import aiodocker  # noqa: F401
+    except ImportError:
+        assert "pip install" in str(info.value)
+    else:
+        assert str(socket_path) in str(info.value)
+
+
+EXITS_WITHOUT_CLOSING = """
+import asyncio, sys
+from clotho.sandbox import open_sandbox
+from clotho.sandbox.config import DockerSandboxConfig
+
+async def main():
+    sb = await open_sandbox(DockerSandboxConfig(), labels={"probe": sys.argv[1]})
+    print(sb.id, flush=True)
+
+asyncio.run(main())
+"""
+
+
+@requires_docker
+async def test_exit_without_close_removes_the_container(docker: Any) -> None:
+    from aiodocker.exceptions import DockerError
+
+    marker = f"exit-cleanup-{secrets.token_hex(4)}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", EXITS_WITHOUT_CLOSING, marker, stdout=asyncio.subprocess.PIPE
+    )
+    stdout, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    container_id = stdout.decode().strip()
+    assert len(container_id) == 64  # it was created ...
+    with pytest.raises(DockerError) as info:  # ... and the atexit hook removed it
+        await docker.containers.container(container_id).show()
+    assert info.value.status == 404
+    assert await docker.containers.list(all=True, filters={"label": [f"probe={marker}"]}) == []
