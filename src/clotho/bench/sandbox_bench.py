@@ -212,6 +212,8 @@ async def run_sandbox_bench(
     config: SandboxConfig = LocalSandboxConfig() if backend == "local" else DockerSandboxConfig()
     n_latency = 100 if quick else 300
     n_total = 2000 if quick else 10000
+    progress("cold start")
+    cold = await _cold_start(config, 5 if quick else 15)
     progress("warm exec latency")
     sandbox = await open_sandbox(config)
     try:
@@ -251,8 +253,7 @@ async def run_sandbox_bench(
         baseline["bubblewrap per command"] = BaselineFigures(
             warm_exec_p50_ms=w50, warm_exec_p95_ms=w95, throughput_32_per_s=wrate, cold_start_ms=w50
         )
-    progress("cold start, replacement, pool acquire")
-    cold = await _cold_start(config, 5 if quick else 15)
+    progress("replacement, pool acquire")
     replace = await _replace(config, 5 if quick else 10)
     acquire = await _acquire(config, 8 if quick else 20)
     result = SandboxBench(

@@ -20,7 +20,6 @@ from pathlib import Path
 from clotho.errors import SandboxError
 from clotho.sandbox.base import ExecResult, Sandbox
 from clotho.sandbox.config import LocalSandboxConfig, base_env
-from clotho.sandbox.overlay import overlay_preexec
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.state import make_state_dir, remove_state_dir
 
@@ -71,6 +70,21 @@ def bwrap_argv(config: LocalSandboxConfig, root_mode: str, state: Path) -> list[
         argv += ["--share-net"]
     argv += ["--hostname", "clotho", "--die-with-parent", "--new-session"]
     argv += ["--chdir", config.workdir, "bash", "--noprofile", "--norc"]
+    if root_mode == "overlay":
+        # A private mount namespace holds the overlay, so nothing is mounted on the host; its
+        # upper layer lives in the sandbox's state folder and goes away with it. (A Python
+        # preexec_fn would do the mounts without the extra processes, but it forces fork()
+        # instead of vfork(), which costs 15 ms from a 300 MB parent.)
+        ovl = state / "ovl"
+        for sub in ("u", "w", "m"):
+            (ovl / sub).mkdir(parents=True)
+        mount = (
+            'mount -t overlay clotho -o "lowerdir=/,upperdir=$0/u,workdir=$0/w" "$0/m" && exec "$@"'
+        )
+        return [
+            "unshare", "--mount", "--propagation", "private", "--",
+            "/bin/sh", "-c", mount, str(ovl), *argv,
+        ]  # fmt: skip
     return argv
 
 
@@ -79,7 +93,7 @@ def resolve_root_mode(config: LocalSandboxConfig) -> str:
         if config.root == "overlay" and os.geteuid() != 0:
             raise SandboxError("root='overlay' needs root privileges; use root='ro'")
         return config.root
-    return "overlay" if os.geteuid() == 0 else "ro"
+    return "overlay" if os.geteuid() == 0 and shutil.which("unshare") else "ro"
 
 
 class BwrapSandbox(Sandbox):
@@ -105,13 +119,8 @@ class BwrapSandbox(Sandbox):
             (state / "app").mkdir()
             (state / "xfer").mkdir()
             argv = bwrap_argv(config, root_mode, state)
-            preexec = None
-            if root_mode == "overlay":
-                (state / "ovl").mkdir()
-                preexec = overlay_preexec(str(state / "ovl"))
             shell = PersistentShell(
                 argv,
-                preexec=preexec,
                 env=base_env("/root", config.env),
                 max_output_bytes=config.max_output_bytes,
                 session=config.shell == "session",

@@ -19,7 +19,7 @@ import secrets
 import shlex
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from clotho.errors import SandboxError
@@ -202,10 +202,8 @@ class ProcessChannel(ShellChannel):
         env: dict[str, str],
         cwd: str | None = None,
         shell_comm: str = "bash",
-        preexec: Callable[[], None] | None = None,
     ) -> None:
         self._argv = list(argv)
-        self._preexec = preexec
         self._env = env
         self._cwd = cwd
         self._shell_comm = shell_comm
@@ -227,7 +225,6 @@ class ProcessChannel(ShellChannel):
                 cwd=self._cwd,
                 start_new_session=True,
                 limit=_STREAM_LIMIT,
-                preexec_fn=self._preexec,
             )
         except OSError as exc:
             raise SandboxError(f"cannot start sandbox shell {self._argv[0]!r}: {exc}") from exc
@@ -237,18 +234,19 @@ class ProcessChannel(ShellChannel):
 
     @property
     def shell_pid(self) -> int | None:
+        """Found on first use (a timeout), not at start: the /proc scan costs a millisecond."""
+        if self._shell_pid is None and self._proc is not None:
+            if proctree.comm(self._proc.pid) == self._shell_comm:
+                self._shell_pid = self._proc.pid
+            else:
+                for pid in proctree.descendants(self._proc.pid):
+                    if proctree.comm(pid) == self._shell_comm:
+                        self._shell_pid = pid
+                        break
         return self._shell_pid
 
     async def ready(self) -> None:
-        assert self._proc is not None
-        if proctree.comm(self._proc.pid) == self._shell_comm:
-            self._shell_pid = self._proc.pid
-            return
-        for pid in proctree.descendants(self._proc.pid):
-            if proctree.comm(pid) == self._shell_comm:
-                self._shell_pid = pid
-                return
-        raise SandboxError("cannot find the sandbox shell process")
+        """Nothing to do: the shell pid is looked up lazily."""
 
     async def write(self, data: bytes) -> None:
         if self._proc is None or self._proc.stdin is None:
@@ -260,8 +258,9 @@ class ProcessChannel(ShellChannel):
             raise SandboxError("the sandbox shell is gone") from exc
 
     def kill_running(self) -> None:
-        if self._shell_pid is not None:
-            proctree.kill_descendants(self._shell_pid)
+        shell = self.shell_pid
+        if shell is not None:
+            proctree.kill_descendants(shell)
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -298,14 +297,11 @@ class PersistentShell:
         shell_comm: str = "bash",
         channel: ShellChannel | None = None,
         session: bool = False,
-        preexec: Callable[[], None] | None = None,
     ) -> None:
         if channel is None:
             if argv is None:
                 raise ValueError("PersistentShell needs argv or a channel")
-            channel = ProcessChannel(
-                argv, env=env or {}, cwd=cwd, shell_comm=shell_comm, preexec=preexec
-            )
+            channel = ProcessChannel(argv, env=env or {}, cwd=cwd, shell_comm=shell_comm)
         self._channel = channel
         self._session = session
         self._started = False
