@@ -10,6 +10,7 @@ task-name/
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,11 +129,30 @@ def _looks_like_task(path: Path) -> bool:
     return any((path / name).exists() for name in ("task.toml", "instruction.md", "tests"))
 
 
-def discover_tasks(paths: list[Path]) -> tuple[list[Task], list[tuple[Path, TaskError]]]:
-    """Tasks under `paths` (task directories or folders of them), and the ones that failed."""
+def default_rows_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "clotho" / "rows"
+
+
+def discover_tasks(
+    paths: list[Path], rows_cache: Path | None = None
+) -> tuple[list[Task], list[tuple[Path, TaskError]]]:
+    """Tasks under `paths` (task directories, folders of them, or .jsonl/.json files of
+    Terminal-Bench 2.0 rows), and the ones that failed."""
+    from clotho.tasks.rows import ROW_SUFFIXES, load_rows
+
     tasks: list[Task] = []
     errors: list[tuple[Path, TaskError]] = []
     seen: set[Path] = set()
+    expanded: list[Path] = []
+    for p in paths:
+        if p.is_file() and p.suffix in ROW_SUFFIXES:
+            dirs, row_errors = load_rows(p, rows_cache or default_rows_cache())
+            expanded += dirs
+            errors += row_errors
+        else:
+            expanded.append(p)
+    paths = expanded
 
     def visit(path: Path, top: bool) -> None:
         path = path.resolve()

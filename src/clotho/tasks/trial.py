@@ -17,12 +17,13 @@ from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
 from clotho.sandbox.factory import open_sandbox
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import Task
+from clotho.tasks.images import COMPOSE_FILES
 from clotho.tasks.verify import VerifierOutcome, run_verifier
 
 log = logging.getLogger(__name__)
 
 # Files of environment/ that describe how to build a container, not workspace content.
-BUILD_FILES = ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore")
+BUILD_FILES = ("Dockerfile", ".dockerignore", *COMPOSE_FILES)
 
 
 class ErrorInfo(BaseModel):
@@ -49,7 +50,9 @@ async def setup_workspace(task: Task, sandbox: Sandbox, config: SandboxConfig) -
     env_dir = task.environment_dir
     if not env_dir.is_dir():
         return
-    if isinstance(config, DockerSandboxConfig) and (env_dir / "Dockerfile").is_file():
+    if isinstance(config, DockerSandboxConfig) and (
+        (env_dir / "Dockerfile").is_file() or any((env_dir / n).is_file() for n in COMPOSE_FILES)
+    ):
         return
     await sandbox.upload(env_dir, sandbox.workdir)
     present = [name for name in BUILD_FILES if (env_dir / name).exists()]

@@ -116,13 +116,18 @@ async def ensure_context_image(
     force: bool = False,
     timeout_s: float = 600.0,
     locks: dict[str, asyncio.Lock] | None = None,
+    dockerfile: str = "Dockerfile",
 ) -> str:
     """The tag for `context`, building it only if no image with that content exists yet."""
     digest = await asyncio.to_thread(context_hash, context)
+    if dockerfile != "Dockerfile":
+        digest = hashlib.sha256(f"{digest}:{dockerfile}".encode()).hexdigest()
     slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._") or "task"
     tag = f"clotho-env/{slug}:{digest[:16]}"
     lock = (locks if locks is not None else {}).setdefault(tag, asyncio.Lock())
     async with lock:  # concurrent attempts at one task build once
         if not force and await image_exists(docker, tag):
             return tag
-        return await build_image(docker, context, tag, timeout_s=timeout_s, nocache=force)
+        return await build_image(
+            docker, context, tag, dockerfile=dockerfile, timeout_s=timeout_s, nocache=force
+        )
