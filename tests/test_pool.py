@@ -457,3 +457,27 @@ async def test_docker_pool_reaps_orphaned_containers_and_labels_leases() -> None
             with contextlib.suppress(DockerError):
                 await container.delete(force=True)
         await docker.close()
+
+
+async def test_git_reset_mode_hands_back_a_clean_repository(tmp_path: Path) -> None:
+    config = LocalSandboxConfig(state_dir=str(tmp_path))
+    async with SlotPool(PoolConfig(max_size=2, reset="git")) as pool:
+        sandbox = await pool.acquire(config)
+        setup = await sandbox.exec(
+            "git init -q && echo one > a.txt && git add a.txt && "
+            "git -c user.name=t -c user.email=t@x commit -qm init && echo ok"
+        )
+        assert setup.stdout == "ok\n", setup
+        await sandbox.exec("echo dirty >> a.txt; echo new > b.txt; export LEFT=1; sleep 300 &")
+        await pool.release(sandbox)
+        await pool.wait_idle(config, 1, timeout=30)
+        again = await pool.acquire(config)
+        assert again is sandbox  # reused, not replaced
+        state = await again.exec('cat a.txt; ls; echo "${LEFT-unset}"; jobs -p | wc -l')
+        assert state.stdout == "one\na.txt\nunset\n0\n", state
+        # A workspace that is not a repository cannot be proven clean: it is destroyed.
+        await again.exec("rm -rf .git")
+        await pool.release(again)
+        await asyncio.sleep(0.5)
+        assert pool.stats()["idle"] == 0
+        assert pool.stats()["destroyed"] >= 1

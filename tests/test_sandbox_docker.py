@@ -456,3 +456,24 @@ async def test_exit_without_close_removes_the_container(docker: Any) -> None:
         await docker.containers.container(container_id).show()
     assert info.value.status == 404
     assert await docker.containers.list(all=True, filters={"label": [f"probe={marker}"]}) == []
+
+
+async def test_image_without_bash_falls_back_to_sh(docker: Any, tmp_path: Path) -> None:
+    from clotho.sandbox.docker.images import build_image
+
+    (tmp_path / "Dockerfile").write_text(
+        "FROM clotho/base:bookworm\nRUN rm -f /bin/bash /usr/bin/bash\n"
+    )
+    tag = await build_image(docker, tmp_path, "clotho-test/nobash:latest")
+    try:
+        sb = await DockerSandbox.create(DockerSandboxConfig(image=tag), docker=docker)
+        try:
+            r = await sb.exec("echo hi; command -v bash || echo no-bash; exit 3")
+            assert (r.stdout, r.exit_code) == ("hi\nno-bash\n", 3)
+            r = await sb.exec("sleep 30", timeout=0.3)
+            assert r.timed_out
+            assert (await sb.exec("echo after")).stdout == "after\n"
+        finally:
+            await sb.close()
+    finally:
+        await docker.images.delete(tag, force=True)

@@ -16,7 +16,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -42,6 +42,12 @@ class PoolConfig(BaseModel):
         10.0, ge=0, description="an idle sandbox checked less than this long ago is not re-checked"
     )
     lease_s: float = Field(6 * 3600.0, gt=0, description="lease written on every sandbox")
+    reset: Literal["replace", "git"] = Field(
+        "replace",
+        description="replace: destroy a used sandbox (a fresh one is clean by construction); "
+        "git: for repository workspaces, `git reset --hard && git clean -fdx` in the workdir, "
+        "kill leftover processes and restart the shell, verified, else destroyed",
+    )
 
 
 @dataclass
@@ -51,6 +57,14 @@ class _Slot:
     created: float = field(default_factory=time.monotonic)
     idle_since: float = field(default_factory=time.monotonic)
     checked: float = field(default_factory=time.monotonic)  # a new sandbox has just answered
+
+
+# Reset the repository and print what is still not clean: an empty output proves the reset.
+GIT_RESET = "git reset -q --hard && git clean -qfdx && git status --porcelain --ignored"
+# End the session shell's background jobs and the shell itself (the wrapper starts a fresh
+# one): no variables or processes of the previous agent survive. Processes that detached
+# themselves completely (double fork) are not its jobs; use reset="replace" for those.
+END_SESSION = "kill -9 $(jobs -p) 2>/dev/null; exit 0"
 
 
 def config_key(config: SandboxConfig) -> str:
@@ -233,7 +247,10 @@ class SlotPool:
         if slot is None:
             await sandbox.close()
             return
-        if reset or self._closed:
+        if reset and self.config.reset == "git" and not self._closed:
+            self._starting += 1  # counted while it resets, so max_size holds
+            self._spawn(self._git_reset(slot))
+        elif reset or self._closed:
             self._spawn(self._destroy(slot))
             self._refill(slot.key)
 
@@ -295,6 +312,26 @@ class SlotPool:
             else:
                 self._idle[key].append(_Slot(sandbox, key))
             self._cond.notify_all()
+
+    async def _git_reset(self, slot: _Slot) -> None:
+        """Reset a repository workspace in place; hand it out again only if proven clean."""
+        clean = False
+        try:
+            result = await slot.sandbox.exec(GIT_RESET, timeout=self.config.health_timeout_s * 6)
+            clean = result.exit_code == 0 and result.stdout == ""
+            if clean:  # a fresh session shell: no variables, no background jobs of the agent
+                await slot.sandbox.exec(END_SESSION, timeout=self.config.health_timeout_s)
+                clean = (await slot.sandbox.exec("true")).exit_code == 0
+        except Exception as exc:
+            log.warning("git reset of a sandbox failed: %s", exc)
+        async with self._cond:
+            self._starting -= 1
+            if clean and not self._closed:
+                slot.idle_since = slot.checked = time.monotonic()
+                self._idle[slot.key].append(slot)
+            self._cond.notify_all()
+        if not clean or self._closed:
+            await self._destroy(slot)
 
     def _evict_other(self, key: str) -> bool:
         """At max_size, make room by destroying the oldest idle sandbox of another key."""

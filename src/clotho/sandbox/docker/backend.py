@@ -122,15 +122,11 @@ class DockerSandbox(Sandbox):
                 await container.start()
             except DockerError as exc:
                 raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
-            channel = DockerExecChannel(
-                container, env=base_env("/root", config.env), workdir=config.workdir
-            )
-            shell = PersistentShell(
-                channel=channel,
-                max_output_bytes=config.max_output_bytes,
-                session=config.shell == "session",
-            )
-            await shell.start()
+            try:
+                shell = await cls._start_shell(container, config, "bash")
+            except SandboxError:
+                # No bash in the image: a POSIX sh runs commands isolated (no session mode).
+                shell = await cls._start_shell(container, config, "sh")
         except BaseException:
             if container is not None:
                 with contextlib.suppress(Exception):
@@ -139,6 +135,21 @@ class DockerSandbox(Sandbox):
                 await docker.close()
             raise
         return cls(config, docker, container, shell, labels, owns_client)
+
+    @staticmethod
+    async def _start_shell(
+        container: Any, config: DockerSandboxConfig, name: str
+    ) -> PersistentShell:
+        channel = DockerExecChannel(
+            container, env=base_env("/root", config.env), workdir=config.workdir, shell=name
+        )
+        shell = PersistentShell(
+            channel=channel,
+            max_output_bytes=config.max_output_bytes,
+            session=config.shell == "session" and name == "bash",
+        )
+        await shell.start()
+        return shell
 
     async def exec(
         self,

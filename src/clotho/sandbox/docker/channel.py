@@ -14,8 +14,11 @@ from clotho.sandbox.shell import _STREAM_LIMIT, ShellChannel
 class DockerExecChannel(ShellChannel):
     """`exec` of `bash` with stdin attached; the multiplexed stream is split into two readers."""
 
-    def __init__(self, container: Any, *, env: dict[str, str], workdir: str) -> None:
+    def __init__(
+        self, container: Any, *, env: dict[str, str], workdir: str, shell: str = "bash"
+    ) -> None:
         self._container = container
+        self._shell = shell
         self._env = env
         self._workdir = workdir
         self._exec: Any = None
@@ -38,7 +41,7 @@ class DockerExecChannel(ShellChannel):
 
         try:
             self._exec = await self._container.exec(
-                ["bash", "--noprofile", "--norc"],
+                [self._shell, "--noprofile", "--norc"] if self._shell == "bash" else [self._shell],
                 stdin=True,
                 stdout=True,
                 stderr=True,
