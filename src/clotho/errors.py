@@ -32,6 +32,10 @@ class ModelError(InfraError):
     """The model endpoint failed even after retries."""
 
 
+class TrainerError(InfraError):
+    """The trajectory API (trainer side) refused or failed a request, even after retries."""
+
+
 class AgentLimit(ClothoError):
     """The agent ran out of a budget (turns, time, tokens)."""
 

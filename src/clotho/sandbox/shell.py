@@ -20,6 +20,7 @@ import shlex
 import signal
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from clotho.errors import SandboxError
@@ -274,6 +275,14 @@ class ProcessChannel(ShellChannel):
         await proc.wait()
 
 
+@dataclass(frozen=True)
+class _Command:
+    out_marker: str
+    err_marker: str
+    since: float  # seconds since boot when it started (for telling its processes apart)
+    last_pid: int | None
+
+
 class PersistentShell:
     """One long-lived bash process (possibly inside bubblewrap or a container).
 
@@ -312,8 +321,7 @@ class PersistentShell:
         self._lock = asyncio.Lock()
         self._out = bytearray()
         self._err = bytearray()
-        self._pending: asyncio.Future[list[tuple[bytes, int | None, str]]] | None = None
-        self._stopper: asyncio.Task[None] | None = None
+        self._pending: _Command | None = None
         self._dead: str | None = None
 
     @property
@@ -344,34 +352,27 @@ class PersistentShell:
             await self.close()
             raise
 
-    def _read(self, out_marker: str, err_marker: str) -> asyncio.Future[list[Any]]:
-        """One task reads stdout to its marker, then stderr to its marker.
+    async def _collect(self, out_marker: str, err_marker: str) -> list[Any]:
+        """Read stdout to its marker, then stderr to its marker.
 
-        Sequential reading is safe because the stream readers never pause their pipes
-        (their limit is far above any output cap), and it costs one task per command.
+        Sequential reading is safe because the stream readers never pause their pipes (their
+        limit is far above any output cap). If this is cancelled mid-way (a timeout), the bytes
+        read so far stay in the buffers and a later call picks up from there.
         """
         restart = self._restart if self._session else None
-
-        async def both() -> list[Any]:
-            out = await _read_to_marker(
-                self._channel.stdout,
-                self._out,
-                out_marker.encode(),
-                self._cap,
-                with_code=True,
-                restart=restart,
-            )
-            err = await _read_to_marker(
-                self._channel.stderr,
-                self._err,
-                err_marker.encode(),
-                self._cap,
-                with_code=False,
-                restart=restart,
-            )
-            return [out, err]
-
-        return asyncio.ensure_future(both())  # fmt: skip
+        out = await _read_to_marker(
+            self._channel.stdout,
+            self._out,
+            out_marker.encode(),
+            self._cap,
+            with_code=True,
+            restart=restart,
+        )
+        err = await _read_to_marker(
+            self._channel.stderr, self._err, err_marker.encode(), self._cap,
+            with_code=False, restart=restart,
+        )  # fmt: skip
+        return [out, err]
 
     async def run(
         self,
@@ -387,7 +388,10 @@ class PersistentShell:
                 raise SandboxError(self._dead)
             if not self._started:
                 raise SandboxError("sandbox shell is not started")
-            await self._finish_pending()
+            if self._pending is not None:  # a cancelled caller left its command behind
+                with contextlib.suppress(SandboxError):
+                    await self._finish(self._pending, await self._recover(self._pending))
+                self._pending = None
             if self._dead:
                 raise SandboxError(self._dead)
             self._seq += 1
@@ -402,66 +406,56 @@ class PersistentShell:
                     cmd, cwd=cwd, env=env, user=user, out_marker=out_marker, err_marker=err_marker
                 )
             started = time.perf_counter()
-            since = (proctree.boot_seconds(), proctree.last_pid())
+            command = _Command(out_marker, err_marker, proctree.boot_seconds(), proctree.last_pid())
             try:
                 await self._channel.write(script)
             except SandboxError as exc:
                 self._dead = str(exc)
                 raise
-            io = self._read(out_marker, err_marker)
-            self._pending = io
+            self._pending = command
             timed_out = False
             try:
-                done, _ = await asyncio.wait({io}, timeout=timeout)
-                if not done:
+                try:
+                    # asyncio.timeout costs a timer, not a task: this is the hot path.
+                    async with asyncio.timeout(timeout):
+                        parts = await self._collect(out_marker, err_marker)
+                except TimeoutError:
                     timed_out = True
-                    await self._stop_current(io, since)
-                    await self._finish_pending()
-                    if self._dead:
-                        raise SandboxError(self._dead)
+                    parts = await self._recover(command)
             except asyncio.CancelledError:
-                # Leave the shell consistent for the next caller: stop the command now and let
-                # the next run() drain its markers.
-                self._stopper = asyncio.create_task(self._stop_current(io, since))
+                # Stop the command now; the next run() reads what is left of it.
+                self._kill_command(command)
                 raise
-            if io.cancelled():  # close() while the command ran
-                raise SandboxError(self._dead or "the sandbox is closed")
-            try:
-                (stdout, code, how), (stderr, _, _) = io.result()
             except SandboxError as exc:
-                # The shell died: the other stream's reader may still be waiting, so no further
-                # command may start reading.
+                # The shell died: no further command may start reading.
                 self._dead = self._dead or str(exc)
                 raise
             self._pending = None
-            if how == "exiting":
-                await self._await_restart()
+            (stdout, code, how), (stderr, _, _) = parts
+            await self._finish(command, parts)
             if how == "restarted" and not timed_out:
                 stderr += b"\n[the shell was restarted: shell variables were reset]\n"
-            exit_code = code if code is not None else -1
             return ExecResult.model_construct(  # trusted values: skip validation on the hot path
-                exit_code=-9 if timed_out else exit_code,
+                exit_code=-9 if timed_out else (code if code is not None else -1),
                 stdout=stdout.decode(errors="replace"),
                 stderr=stderr.decode(errors="replace"),
                 timed_out=timed_out,
                 duration_s=time.perf_counter() - started,
             )
 
-    async def _await_restart(self) -> None:
+    async def _finish(self, command: _Command, parts: list[Any]) -> None:
         """After `exit`, the wrapper starts a new session shell and says so on both streams."""
+        if not any(how == "exiting" for _, _, how in parts):
+            return
         marker = self._restart
         try:
-            await asyncio.wait_for(
-                asyncio.gather(
-                    _read_to_marker(
-                        self._channel.stdout, self._out, marker, self._cap, with_code=False
-                    ),
-                    _read_to_marker(
-                        self._channel.stderr, self._err, marker, self._cap, with_code=False
-                    ),
-                ),
-                _DRAIN_TIMEOUT_S,
-            )
+            async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+                await _read_to_marker(
+                    self._channel.stdout, self._out, marker, self._cap, with_code=False
+                )
+                await _read_to_marker(
+                    self._channel.stderr, self._err, marker, self._cap, with_code=False
+                )
         except (TimeoutError, SandboxError) as exc:
             self._dead = f"the session shell did not restart: {exc}"
             raise SandboxError(self._dead) from exc
@@ -473,58 +467,48 @@ class PersistentShell:
         inner = proctree.children(wrapper)
         return inner[0] if inner else None
 
-    async def _stop_current(self, io: asyncio.Future[Any], since: tuple[float, int | None]) -> None:
-        """Kill the running command's process tree; in session mode, if the command is the
-        shell itself (a builtin loop), kill the session shell and let the wrapper restart it."""
+    def _kill_command(self, command: _Command) -> None:
+        """Kill the processes of the running command; the shell survives."""
         if not self._session:
             self._channel.kill_running()
             return
         inner = self._session_shell_pid()
-        if inner is None:
-            return
-        # Twice: under load the command may not have forked everything yet the first time.
+        if inner is not None:
+            proctree.kill_descendants(
+                inner, started_after=command.since, after_pid=command.last_pid
+            )
+
+    async def _recover(self, command: _Command) -> list[Any]:
+        """Stop a command that must end (timeout, cancelled caller) and read its markers.
+
+        Kill its processes, twice with a grace period (under load it may not have forked
+        everything yet); in session mode a command that is the shell itself (a builtin loop)
+        then gets the session shell killed, and the wrapper's restart marker ends it.
+        """
         for grace in (1.0, 0.5):
-            proctree.kill_descendants(inner, started_after=since[0], after_pid=since[1])
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(io), grace)
-            if io.done():
-                return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(inner, signal.SIGKILL)  # a builtin loop: restart the session shell
+            self._kill_command(command)
+            try:
+                async with asyncio.timeout(grace):
+                    return await self._collect(command.out_marker, command.err_marker)
+            except TimeoutError:
+                continue
+        if self._session and (inner := self._session_shell_pid()) is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(inner, signal.SIGKILL)
+        try:
+            async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+                return await self._collect(command.out_marker, command.err_marker)
+        except TimeoutError:
+            self._dead = "the sandbox shell stopped answering after a killed command"
+            raise SandboxError(self._dead) from None
 
     def kill_running(self) -> None:
         """Kill the current command's process tree; the shell itself survives."""
         self._channel.kill_running()
-
-    async def _finish_pending(self) -> None:
-        if self._stopper is not None:
-            with contextlib.suppress(BaseException):
-                await self._stopper
-            self._stopper = None
-        pending = self._pending
-        if pending is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(pending), _DRAIN_TIMEOUT_S)
-        except (TimeoutError, SandboxError):
-            self._dead = "the sandbox shell stopped answering after a killed command"
-            pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, SandboxError):
-                await pending
-        if pending.done() and not pending.cancelled() and pending.exception() is None:
-            if any(how == "exiting" for _, _, how in pending.result()):
-                await self._await_restart()
-            self._pending = None
 
     async def close(self) -> None:
         self._dead = self._dead or "the sandbox is closed"
         if not self._started:
             return
         self._started = False
-        if self._stopper is not None:
-            self._stopper.cancel()
         await self._channel.close()
-        if self._pending is not None:
-            self._pending.cancel()
-            with contextlib.suppress(BaseException):
-                await self._pending

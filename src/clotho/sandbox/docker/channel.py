@@ -8,6 +8,7 @@ from typing import Any
 
 from clotho.errors import SandboxError
 from clotho.sandbox import proctree
+from clotho.sandbox.docker.attach import attach_exec
 from clotho.sandbox.shell import _STREAM_LIMIT, ShellChannel
 
 
@@ -23,6 +24,7 @@ class DockerExecChannel(ShellChannel):
         self._workdir = workdir
         self._exec: Any = None
         self._stream: Any = None
+        self._transport: asyncio.Transport | None = None
         self._pump: asyncio.Task[None] | None = None
         self._shell_pid: int | None = None
         self.stdout = asyncio.StreamReader(limit=_STREAM_LIMIT)
@@ -48,6 +50,12 @@ class DockerExecChannel(ShellChannel):
                 environment=self._env,
                 workdir=self._workdir,
             )
+            socket_path = getattr(self._container.docker.connector, "path", None)
+            if socket_path:  # the fast path: our own frame parser on the raw socket
+                self._transport, _ = await attach_exec(
+                    socket_path, self._exec.id, self.stdout, self.stderr
+                )
+                return
             self._stream = self._exec.start(detach=False)
             # Upgrade the connection now: the reader and the first write would race to do it.
             await self._stream.write_in(b"")
@@ -80,6 +88,11 @@ class DockerExecChannel(ShellChannel):
         raise SandboxError("the container shell reported no pid")
 
     async def write(self, data: bytes) -> None:
+        if self._transport is not None:
+            if self._transport.is_closing():
+                raise SandboxError("the container shell is gone")
+            self._transport.write(data)
+            return
         if self._stream is None:
             raise SandboxError("container shell is not started")
         try:
@@ -92,6 +105,8 @@ class DockerExecChannel(ShellChannel):
             proctree.kill_descendants(self._shell_pid)
 
     async def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 await self._stream.close()

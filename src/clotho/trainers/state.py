@@ -1,0 +1,291 @@
+"""What a trajectory API server knows: the trainer's registration, environments, the queue.
+
+`ApiState` is the protocol's semantics without HTTP (`server.py` puts it on the wire). Each
+server owns one, so several servers live in one process. All methods are synchronous and
+called from one event loop, so no request can interleave inside one of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from clotho.trainers.batching import form_batch, scaled_minimums
+from clotho.trainers.protocol import (
+    WAIT_FOR_TRAINER,
+    DisconnectResponse,
+    Info,
+    RegisterEnv,
+    RegisterEnvResponse,
+    Registration,
+    ScoredData,
+    Status,
+    StatusEnv,
+    WandbInfo,
+)
+
+log = logging.getLogger(__name__)
+
+MIN_ENV_WEIGHT = 0.01
+"""Smallest inference share reported to an environment, so none is starved completely."""
+
+
+class ApiSettings(BaseModel):
+    """Server-side settings (upstream has none: everything came from the trainer)."""
+
+    batch_size: int | None = Field(
+        None, ge=1, description="preset batch size: envs may register before any trainer"
+    )
+    max_token_len: int = Field(-1, description="preset max_token_len reported by /info")
+    env_timeout_s: float = Field(
+        120.0, ge=0, description="an env silent this long is treated as gone; 0 = never"
+    )
+    max_request_bytes: int = Field(
+        1 << 30, ge=1, description="largest request body after gzip decompression"
+    )
+
+
+class Rejected(Exception):
+    """A request the server refuses; carries the HTTP status to answer with."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
+@dataclass
+class EnvRecord:
+    env_id: int
+    desired_name: str
+    real_name: str
+    max_context_len: int
+    weight: float
+    group_size: int
+    min_batch_allocation: float | None
+    last_seen: float
+    disconnected: bool = False
+    expired_logged: bool = False
+
+
+class ApiState:
+    def __init__(
+        self, settings: ApiSettings | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.settings = settings or ApiSettings()
+        self._clock = clock
+        self.reset()
+
+    # --- trainer ------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget everything; a preset batch size (if any) applies again."""
+        self.registration: Registration | None = None
+        self.trainer_registered = False
+        self.started = False
+        self.step = 0
+        self.queue: list[ScoredData] = []
+        self.envs: list[EnvRecord] = []
+        self.latest: ScoredData | None = None
+        self.requesters: list[int] = []
+        if self.settings.batch_size is not None:
+            self.registration = Registration(
+                wandb_group="",
+                wandb_project="",
+                batch_size=self.settings.batch_size,
+                max_token_len=self.settings.max_token_len,
+                checkpoint_dir="",
+                save_checkpoint_interval=-1,
+                starting_step=0,
+                num_steps=-1,
+            )
+            self.started = True
+
+    def register(self, registration: Registration) -> int:
+        """A trainer registers. The first one sets the batch shape; a later one must match it."""
+        current = self.registration
+        if current is not None and (
+            registration.batch_size != current.batch_size
+            or (current.max_token_len != -1 and registration.max_token_len != current.max_token_len)
+        ):
+            raise Rejected(
+                409,
+                f"already registered with batch_size={current.batch_size}, "
+                f"max_token_len={current.max_token_len}; call /reset_data first to change them",
+            )
+        if not self.trainer_registered:
+            self.trainer_registered = True
+            self.registration = registration
+            if self.step == 0:
+                self.step = registration.starting_step
+        self.requesters.append(uuid.uuid4().int)
+        return self.requesters[-1]
+
+    @property
+    def batch_size(self) -> int:
+        if self.registration is None:
+            raise Rejected(409, "Trainer not registered. Call /register first.")
+        return self.registration.batch_size
+
+    def info(self) -> Info:
+        if self.registration is None:
+            return Info()
+        return Info(
+            batch_size=self.registration.batch_size,
+            max_token_len=self.registration.max_token_len,
+        )
+
+    def wandb_info(self) -> WandbInfo:
+        if self.registration is None:
+            return WandbInfo()
+        return WandbInfo(
+            group=self.registration.wandb_group, project=self.registration.wandb_project
+        )
+
+    def status(self) -> Status:
+        return Status(current_step=self.step, queue_size=len(self.queue))
+
+    def next_batch(self) -> list[ScoredData] | None:
+        """The oldest groups making exactly one batch; `step` counts batches handed out."""
+        batch_size = self.batch_size
+        self.started = True
+        minimums = {
+            env.env_id: int(batch_size * env.min_batch_allocation)
+            for env in self.envs
+            if env.min_batch_allocation is not None and self.is_live(env)
+        }
+        picked = form_batch(
+            [(group.env_id, group.size) for group in self.queue],
+            batch_size,
+            scaled_minimums(minimums, batch_size),
+        )
+        if picked is None:
+            return None
+        chosen = set(picked)
+        batch = [self.queue[i] for i in picked]
+        self.queue = [g for i, g in enumerate(self.queue) if i not in chosen]
+        self.step += 1
+        return batch
+
+    # --- environments -------------------------------------------------------------------
+
+    def register_env(self, request: RegisterEnv) -> RegisterEnvResponse:
+        if not self.started or self.registration is None:
+            return RegisterEnvResponse(status=WAIT_FOR_TRAINER)
+        if request.group_size > self.registration.batch_size:
+            raise Rejected(
+                422,
+                f"group_size {request.group_size} is larger than the batch size "
+                f"{self.registration.batch_size}: its groups could never be served",
+            )
+        same_name = sum(e.desired_name == request.desired_name for e in self.envs)
+        env = EnvRecord(
+            env_id=len(self.envs),
+            desired_name=request.desired_name,
+            real_name=f"{request.desired_name}_{same_name}",
+            max_context_len=request.max_token_length,
+            weight=request.weight,
+            group_size=request.group_size,
+            min_batch_allocation=request.min_batch_allocation,
+            last_seen=self._clock(),
+        )
+        self.envs.append(env)
+        return RegisterEnvResponse(
+            status="success",
+            env_id=env.env_id,
+            wandb_name=env.real_name,
+            checkpoint_dir=self.registration.checkpoint_dir,
+            starting_step=self.step,
+            checkpoint_interval=self.registration.save_checkpoint_interval,
+            num_steps=self.registration.num_steps,
+        )
+
+    def disconnect_env(self, env_id: int) -> DisconnectResponse:
+        if not 0 <= env_id < len(self.envs):
+            return DisconnectResponse(status="failure", error=f"unknown env_id {env_id}")
+        self.envs[env_id].disconnected = True
+        log.info("environment %s disconnected", self.envs[env_id].real_name)
+        return DisconnectResponse(status="success")
+
+    def is_live(self, env: EnvRecord) -> bool:
+        """Connected and heard from within `env_timeout_s`: only live envs hold a share."""
+        if env.disconnected:
+            return False
+        timeout = self.settings.env_timeout_s
+        if timeout > 0 and self._clock() - env.last_seen > timeout:
+            if not env.expired_logged:
+                env.expired_logged = True
+                log.warning(
+                    "environment %s silent for over %.0f s: its share is released",
+                    env.real_name,
+                    timeout,
+                )
+            return False
+        return True
+
+    def _touch(self, env_id: int | None) -> None:
+        if env_id is not None and 0 <= env_id < len(self.envs):
+            env = self.envs[env_id]
+            env.last_seen = self._clock()
+            env.expired_logged = False
+
+    def status_env(self, env_id: int) -> StatusEnv:
+        if not 0 <= env_id < len(self.envs):
+            raise Rejected(404, f"unknown env_id {env_id}: register the environment again")
+        self._touch(env_id)
+        env = self.envs[env_id]
+        batch_size = self.batch_size
+        live = [e for e in self.envs if self.is_live(e)]
+        total = sum(e.max_context_len * max(0.0, e.weight) for e in live)
+        own = env.max_context_len * max(0.0, env.weight)
+        share = own / total if total > 0 else (1.0 if own > 0 else 0.0)
+        minimums = {
+            e.env_id: int(batch_size * e.min_batch_allocation)
+            for e in live
+            if e.min_batch_allocation is not None
+        }
+        allocated = sum(e.min_batch_allocation or 0.0 for e in live)
+
+        largest = max((g.size for g in self.queue), default=1)
+        own_size = max([env.group_size, *(g.size for g in self.queue if g.env_id == env_id)])
+        own_seqs = sum(g.size for g in self.queue if g.env_id == env_id)
+        others: dict[int | None, int] = {}
+        for group in self.queue:
+            if group.env_id != env_id:
+                others[group.env_id] = others.get(group.env_id, 0) + group.size
+        available = sum(
+            max(0, math.ceil(seqs / largest) * largest - minimums.get(other, 0))
+            for other, seqs in others.items()
+        )
+        return StatusEnv(
+            current_step=self.step,
+            queue_size=(own_seqs + available) // own_size,
+            unallocated_fraction=1.0 - min(1.0, allocated),
+            self_queue_size=own_seqs // own_size,
+            max_group_size=largest,
+            env_weight=min(1.0, max(MIN_ENV_WEIGHT, share)),
+        )
+
+    # --- data ---------------------------------------------------------------------------
+
+    def add_groups(self, groups: list[ScoredData]) -> None:
+        """Queue groups, all or none: a group larger than a batch is refused, not stranded."""
+        batch_size = self.batch_size
+        for i, group in enumerate(groups):
+            if group.size > batch_size:
+                where = f"group {i}" if len(groups) > 1 else "the group"
+                raise Rejected(
+                    422,
+                    f"{where} has {group.size} sequences, more than the batch size "
+                    f"{batch_size}: it could never be served",
+                )
+        for group in groups:
+            self._touch(group.env_id)
+            self.queue.append(group)
+            self.latest = group
