@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F401
 
 from clotho.errors import SandboxError
 from clotho.sandbox import open_sandbox
@@ -27,36 +28,6 @@ from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.leases import LEASE_EXPIRES, OWNER
 
 BASE_IMAGE = "clotho/base:bookworm"
-IN_CI = os.environ.get("CI") == "true"
-
-
-def docker_problem() -> str | None:
-    """Why no Docker daemon can be used, or None when one answers."""
-    try:
-        import aiodocker
-    except ImportError:
-        return "aiodocker is not installed (pip install -e '.[docker]')"
-
-    async def probe() -> None:
-        docker = aiodocker.Docker()
-        try:
-            async with asyncio.timeout(10):
-                await docker.version()
-        finally:
-            await docker.close()
-
-    try:
-        asyncio.run(probe())
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-DOCKER_PROBLEM = docker_problem()
-requires_docker = pytest.mark.skipif(
-    DOCKER_PROBLEM is not None and not IN_CI,
-    reason=f"no Docker daemon answers ({DOCKER_PROBLEM}); make docker-deps sets one up",
-)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from clotho import __version__
+from clotho.cli.api_cmd import api_command
 from clotho.cli.bench_cmd import app as bench_app
 from clotho.cli.check_cmd import check_command
 from clotho.cli.eval_cmd import eval_command
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 app.command("eval")(eval_command)
 app.command("check")(check_command)
+app.command("api")(api_command)
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(bench_app, name="bench")
 

@@ -18,9 +18,10 @@ import uuid
 from pathlib import Path
 
 from clotho.errors import SandboxError
-from clotho.sandbox.base import ExecResult, Sandbox
+from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import LocalSandboxConfig, base_env
 from clotho.sandbox.shell import PersistentShell
+from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.state import make_state_dir, remove_state_dir
 
 XFER_MOUNT = "/.clotho"
@@ -96,7 +97,7 @@ def resolve_root_mode(config: LocalSandboxConfig) -> str:
     return "overlay" if os.geteuid() == 0 and shutil.which("unshare") else "ro"
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(ShellBackedSandbox):
     def __init__(self, config: LocalSandboxConfig, state: Path, shell: PersistentShell,
                  labels: dict[str, str]) -> None:  # fmt: skip
         self.config = config
@@ -130,19 +131,6 @@ class BwrapSandbox(Sandbox):
             remove_state_dir(state)
             raise
         return cls(config, state, shell, labels)
-
-    async def exec(
-        self,
-        cmd: str,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
-        return await self._shell.run(
-            cmd, timeout=timeout, cwd=self.resolve(cwd or self.workdir), env=env, user=user
-        )
 
     def _xfer_name(self) -> tuple[Path, str]:
         name = uuid.uuid4().hex
@@ -225,11 +213,5 @@ class BwrapSandbox(Sandbox):
             else:
                 host.unlink(missing_ok=True)
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._shell.close()
-        finally:
-            await asyncio.to_thread(remove_state_dir, self.state)
+    async def _release(self) -> None:
+        await asyncio.to_thread(remove_state_dir, self.state)

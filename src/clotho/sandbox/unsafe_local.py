@@ -10,13 +10,13 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from clotho.sandbox.base import ExecResult, Sandbox
 from clotho.sandbox.config import UnsafeLocalSandboxConfig, base_env
 from clotho.sandbox.shell import PersistentShell
+from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.state import make_state_dir, remove_state_dir
 
 
-class UnsafeLocalSandbox(Sandbox):
+class UnsafeLocalSandbox(ShellBackedSandbox):
     def __init__(self, state: Path, shell: PersistentShell, labels: dict[str, str]) -> None:
         self.state = state
         self.workdir = str(state / "app")
@@ -46,19 +46,6 @@ class UnsafeLocalSandbox(Sandbox):
             raise
         return cls(state, shell, labels)
 
-    async def exec(
-        self,
-        cmd: str,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
-        return await self._shell.run(
-            cmd, timeout=timeout, cwd=self.resolve(cwd or self.workdir), env=env, user=user
-        )
-
     async def read_file(self, path: str) -> bytes:
         return await asyncio.to_thread(Path(self.resolve(path)).read_bytes)
 
@@ -86,11 +73,5 @@ class UnsafeLocalSandbox(Sandbox):
         else:
             await asyncio.to_thread(shutil.copy2, source, local)
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._shell.close()
-        finally:
-            await asyncio.to_thread(remove_state_dir, self.state)
+    async def _release(self) -> None:
+        await asyncio.to_thread(remove_state_dir, self.state)

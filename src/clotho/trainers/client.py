@@ -22,7 +22,7 @@ import asyncio
 import gzip
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -39,14 +39,15 @@ from tenacity import (
 from clotho.errors import TrainerError
 from clotho.trainers.protocol import (
     WAIT_FOR_TRAINER,
+    GroupLike,
     Info,
     RegisterEnv,
     RegisterEnvResponse,
     ScoredData,
-    ScoredDataGroup,
     ScoredDataListResponse,
     ScoredDataResponse,
     StatusEnv,
+    to_wire,
 )
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,9 @@ class ApiClientConfig(BaseModel):
         3, description="pause producing while the queue holds this many batches; <= 0: never"
     )
     backpressure_poll_s: float = Field(0.5, gt=0)
-    heartbeat_s: float = Field(10.0, ge=0, description="poll status-env when idle this long; 0 = off")
+    heartbeat_s: float = Field(
+        10.0, ge=0, description="poll status-env when idle this long; 0 = off"
+    )
 
 
 class _Retryable(Exception):
@@ -82,21 +85,6 @@ class _Retryable(Exception):
 
 class _NotStarted(Exception):
     pass
-
-
-GroupLike = ScoredDataGroup | Mapping[str, Any]
-
-
-def _as_wire(group: GroupLike, env_id: int | None) -> ScoredData:
-    """The group as sent: validated, with the client's env_id filled in."""
-    if isinstance(group, ScoredDataGroup):
-        fields = {name: getattr(group, name) for name in ScoredDataGroup.model_fields}
-        current = group.env_id if isinstance(group, ScoredData) else None
-        return ScoredData.model_construct(**fields, env_id=env_id if env_id is not None else current)
-    wire = ScoredData.model_validate(group)
-    if env_id is not None:
-        wire.env_id = env_id
-    return wire
 
 
 def _compress(data: bytes) -> bytes:
@@ -114,11 +102,14 @@ def _error_text(response: httpx.Response) -> str:
 
 
 class AtroposClient:
-    def __init__(self, config: ApiClientConfig | None = None) -> None:
+    def __init__(
+        self, config: ApiClientConfig | None = None, *, http: httpx.AsyncClient | None = None
+    ) -> None:
+        """`http`: a shared connection pool to use (and close) instead of a new one."""
         self.config = config or ApiClientConfig()
-        self._http = httpx.AsyncClient(
-            base_url=self.config.url.rstrip("/"),
-            timeout=httpx.Timeout(self.config.timeout_s, connect=min(10.0, self.config.timeout_s)),
+        self._base = self.config.url.rstrip("/")
+        self._http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(self.config.timeout_s, connect=min(10.0, self.config.timeout_s))
         )
         self.request: RegisterEnv | None = None
         self.registered: RegisterEnvResponse | None = None
@@ -149,7 +140,9 @@ class AtroposClient:
         if body is not None:
             body, headers = await self._encode(body)
         try:
-            response = await self._http.request(method, path, content=body, headers=headers)
+            response = await self._http.request(
+                method, self._base + path, content=body, headers=headers
+            )
         except httpx.TransportError as exc:
             raise _Retryable(f"{path}: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
@@ -272,7 +265,7 @@ class AtroposClient:
         """Post groups: one to `/scored_data`, several to `/scored_data_list`."""
         if not groups:
             raise ValueError("send_groups needs at least one group")
-        wire = [_as_wire(group, self.env_id) for group in groups]
+        wire = [to_wire(group, self.env_id) for group in groups]
         if len(wire) == 1:
             reply = await self._call("POST", "/scored_data", wire[0].model_dump_json().encode())
             answer: ScoredDataResponse | ScoredDataListResponse

@@ -11,6 +11,7 @@ misaligned group and lets the trainer crash on it later; here it is a 422 at the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -100,6 +101,24 @@ class ScoredData(ScoredDataGroup):
     """One group as posted to `/scored_data` and returned in `/batch` (all 14 keys)."""
 
     env_id: int | None = None
+
+
+GroupLike = ScoredDataGroup | Mapping[str, Any]
+"""What sinks accept: a validated group, or a dict in upstream's `ScoredDataGroup` shape."""
+
+
+def to_wire(group: GroupLike, env_id: int | None) -> ScoredData:
+    """The group as sent: validated, with `env_id` filled in (kept as is when None)."""
+    if isinstance(group, ScoredDataGroup):
+        fields = {name: getattr(group, name) for name in ScoredDataGroup.model_fields}
+        current = group.env_id if isinstance(group, ScoredData) else None
+        return ScoredData.model_construct(
+            **fields, env_id=env_id if env_id is not None else current
+        )
+    wire = ScoredData.model_validate(group)
+    if env_id is not None:
+        wire.env_id = env_id
+    return wire
 
 
 # --- trainer registration -------------------------------------------------------------

@@ -319,9 +319,15 @@ class ApiServer:
         return f"http://{host}:{self.port}"
 
     def _bind(self) -> socket.socket:
-        family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0][0]
+        # proto must say TCP: asyncio sets TCP_NODELAY only on such sockets, and without it
+        # every keep-alive response waits ~40 ms for a delayed ACK.
         try:
-            sock = socket.create_server((self.host, self.port), family=family)
+            family, kind, proto, _, address = socket.getaddrinfo(
+                self.host, self.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            )[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from exc
         self.port = sock.getsockname()[1]

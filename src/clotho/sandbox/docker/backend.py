@@ -23,11 +23,11 @@ from typing import Any
 
 from clotho.errors import SandboxError
 from clotho.sandbox import exit_cleanup
-from clotho.sandbox.base import ExecResult, Sandbox
 from clotho.sandbox.config import DockerSandboxConfig, base_env
 from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.leases import lease_labels
 from clotho.sandbox.shell import PersistentShell
+from clotho.sandbox.shell_backed import ShellBackedSandbox
 
 LABEL = "clotho"
 INSTALL_HINT = "the docker backend needs the extra: pip install 'clotho-rl[docker]'"
@@ -74,7 +74,7 @@ def _tar_of(local: Path, arcname: str) -> bytes:
     return buffer.getvalue()
 
 
-class DockerSandbox(Sandbox):
+class DockerSandbox(ShellBackedSandbox):
     def __init__(
         self,
         config: DockerSandboxConfig,
@@ -150,19 +150,6 @@ class DockerSandbox(Sandbox):
         )
         await shell.start()
         return shell
-
-    async def exec(
-        self,
-        cmd: str,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
-        return await self._shell.run(
-            cmd, timeout=timeout, cwd=self.resolve(cwd or self.workdir), env=env, user=user
-        )
 
     async def _mkdir(self, path: str) -> None:
         result = await self._shell.run(f"mkdir -p -- {shlex.quote(path)}")
@@ -246,12 +233,8 @@ class DockerSandbox(Sandbox):
             top = Path(tmp) / posixpath.basename(remote.rstrip("/") or "/")
             await asyncio.to_thread(shutil.move, top, local)
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _release(self) -> None:
         try:
-            await self._shell.close()
             with contextlib.suppress(Exception):
                 await self.container.delete(force=True)
         finally:

@@ -1,0 +1,33 @@
+"""Trainer sinks: the Atropos trajectory API (client and `clotho api` server) and JSONL.
+
+The server (`clotho.trainers.server`) needs the `api` extra and is imported only where used.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from clotho.trainers.client import ApiClientConfig, AtroposClient
+from clotho.trainers.jsonl import GroupLine, JsonlSink, load_groups
+from clotho.trainers.protocol import GroupLike, ScoredData, ScoredDataGroup
+
+
+class TrajectorySink(Protocol):
+    """Where scored groups go: `AtroposClient` or `JsonlSink`."""
+
+    async def send_groups(self, groups: list[GroupLike]) -> object: ...
+
+    async def aclose(self) -> None: ...
+
+
+__all__ = [
+    "ApiClientConfig",
+    "AtroposClient",
+    "GroupLike",
+    "GroupLine",
+    "JsonlSink",
+    "ScoredData",
+    "ScoredDataGroup",
+    "TrajectorySink",
+    "load_groups",
+]
