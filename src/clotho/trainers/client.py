@@ -135,10 +135,9 @@ class AtroposClient:
             return data, headers
         return packed, {**headers, "Content-Encoding": "gzip"}
 
-    async def _send(self, method: str, path: str, body: bytes | None) -> Any:
-        headers: dict[str, str] = {}
-        if body is not None:
-            body, headers = await self._encode(body)
+    async def _send(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> Any:
         try:
             response = await self._http.request(
                 method, self._base + path, content=body, headers=headers
@@ -159,6 +158,9 @@ class AtroposClient:
     async def _call(self, method: str, path: str, body: bytes | None = None) -> Any:
         """One request with retries on connection errors and 5xx."""
         attempts = self.config.max_retries + 1
+        headers: dict[str, str] = {}
+        if body is not None:
+            body, headers = await self._encode(body)
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(attempts),
@@ -169,7 +171,7 @@ class AtroposClient:
                 reraise=True,
             ):
                 with attempt:
-                    return await self._send(method, path, body)
+                    return await self._send(method, path, body, headers)
         except _Retryable as exc:
             raise TrainerError(
                 f"trajectory API at {self.config.url} failed after {attempts} attempts: {exc}"
@@ -180,7 +182,7 @@ class AtroposClient:
 
     async def register_env(self, request: RegisterEnv) -> RegisterEnvResponse:
         """Register, waiting while the server is down or no trainer has started yet."""
-        body = request.model_dump_json().encode()
+        body, headers = await self._encode(request.model_dump_json().encode())
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_delay(self.config.register_timeout_s),
@@ -190,7 +192,7 @@ class AtroposClient:
             ):
                 with attempt:
                     reply = RegisterEnvResponse.model_validate(
-                        await self._send("POST", "/register-env", body)
+                        await self._send("POST", "/register-env", body, headers)
                     )
                     if reply.status == WAIT_FOR_TRAINER:
                         raise _NotStarted(WAIT_FOR_TRAINER)
@@ -265,20 +267,19 @@ class AtroposClient:
         """Post groups: one to `/scored_data`, several to `/scored_data_list`."""
         if not groups:
             raise ValueError("send_groups needs at least one group")
-        wire = [to_wire(group, self.env_id) for group in groups]
-        if len(wire) == 1:
-            reply = await self._call("POST", "/scored_data", wire[0].model_dump_json().encode())
-            answer: ScoredDataResponse | ScoredDataListResponse
-            answer = ScoredDataResponse.model_validate(reply)
-        else:
-            reply = await self._call("POST", "/scored_data_list", _GROUPS.dump_json(wire))
-            answer = ScoredDataListResponse.model_validate(reply)
+        if len(groups) == 1:
+            return await self.send_group(groups[0])
+        wire = _GROUPS.dump_json([to_wire(group, self.env_id) for group in groups])
+        reply = ScoredDataListResponse.model_validate(
+            await self._call("POST", "/scored_data_list", wire)
+        )
         self._last_contact = time.monotonic()
-        return answer
+        return reply
 
     async def send_group(self, group: GroupLike) -> ScoredDataResponse:
-        reply = await self.send_groups([group])
-        assert isinstance(reply, ScoredDataResponse)
+        wire = to_wire(group, self.env_id).model_dump_json().encode()
+        reply = ScoredDataResponse.model_validate(await self._call("POST", "/scored_data", wire))
+        self._last_contact = time.monotonic()
         return reply
 
     # --- heartbeat and shutdown ----------------------------------------------------------
@@ -302,7 +303,7 @@ class AtroposClient:
                 continue
             try:
                 await self.status_env()
-            except TrainerError as exc:
+            except Exception as exc:  # a background beat must outlive any one failure
                 log.warning("heartbeat to the trajectory API failed: %s", exc)
                 await asyncio.sleep(interval)
 

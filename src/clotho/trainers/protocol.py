@@ -5,7 +5,8 @@ an environment written for Atropos talks to `clotho api` unchanged, and our clie
 upstream `run-api`. See `shared/reference/atropos-protocol.md` for the semantics.
 
 One deliberate difference from upstream: a group's `tokens`, `masks` and `scores` must line
-up (same number of sequences, and each mask as long as its tokens). Upstream accepts a
+up (same number of sequences, and each mask as long as its tokens), and a per-sequence
+field that is present and not empty has one entry per sequence. Upstream accepts a
 misaligned group and lets the trainer crash on it later; here it is a 422 at the door.
 """
 
@@ -87,7 +88,7 @@ class ScoredDataGroup(BaseModel):
                 raise ValueError(f"sequence {i}: {len(tokens)} tokens but {len(mask)} masks")
         for name in _PER_SEQUENCE:
             value = getattr(self, name)
-            if value is not None and len(value) != n:
+            if value and len(value) != n:  # empty stands for absent, as upstream envs send it
                 raise ValueError(f"{name} has {len(value)} entries for {n} sequences")
         return self
 

@@ -326,9 +326,13 @@ class ApiServer:
                 self.host, self.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
             )[0]
             sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from exc
+        try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
         except OSError as exc:
+            sock.close()
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from exc
         self.port = sock.getsockname()[1]
         return sock

@@ -47,7 +47,7 @@ class ApiSettings(BaseModel):
         120.0, ge=0, description="an env silent this long is treated as gone; 0 = never"
     )
     max_request_bytes: int = Field(
-        1 << 30, ge=1, description="largest request body after gzip decompression"
+        256 << 20, ge=1, description="largest request body after gzip decompression"
     )
 
 

@@ -1,0 +1,146 @@
+"""Our client and scripted trainer against upstream `run-api` (atroposlib), if installed.
+
+The upstream package pulls in a heavy dependency tree, so it lives in its own virtual
+environment, never the project's. Create it with
+`python3 -m venv /tmp/atropos-venv && /tmp/atropos-venv/bin/pip install atroposlib`
+(or point CLOTHO_ATROPOS_VENV at another one); without it this test is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.test_trainers_support import ScriptedTrainer, check_batch, free_port, make_group
+
+from clotho.trainers.client import ApiClientConfig, AtroposClient
+from clotho.trainers.protocol import RegisterEnv
+
+VENV = Path(os.environ.get("CLOTHO_ATROPOS_VENV", "/tmp/atropos-venv"))
+RUN_API = VENV / "bin" / "run-api"
+
+pytestmark = pytest.mark.skipif(
+    not RUN_API.exists(),
+    reason=f"upstream atroposlib not installed at {VENV} (python3 -m venv {VENV} && "
+    f"{VENV}/bin/pip install atroposlib)",
+)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[str]:
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        str(RUN_API),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as http, asyncio.timeout(30):
+            while True:
+                try:
+                    if (await http.get(f"{url}/info")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def test_client_against_upstream_run_api(upstream: str) -> None:
+    trainer = ScriptedTrainer(upstream)
+    config = ApiClientConfig(url=upstream, heartbeat_s=0, register_poll_s=0.05, gzip_min_bytes=4096)
+    client = AtroposClient(config)
+    try:
+        registering = asyncio.create_task(
+            client.register_env(
+                RegisterEnv(max_token_length=2048, desired_name="compat", weight=1, group_size=4)
+            )
+        )
+        await asyncio.sleep(0.2)
+        assert not registering.done()  # upstream: "wait for trainer to start"
+        await trainer.register(8)
+        assert await trainer.batch() is None
+        reply = await asyncio.wait_for(registering, 5)
+        assert (reply.env_id, reply.wandb_name) == (0, "compat_0")
+        assert client.trainer_info is not None and client.trainer_info.batch_size == 8
+
+        single = await client.send_group(make_group(4, marker=1))
+        assert single.status == "received"
+        listed = await client.send_groups(
+            [make_group(4, marker=2, completion_len=400), make_group(4, marker=3)]
+        )  # about 25 KB: gzipped on the way in
+        assert listed.groups_processed == 2
+        status = await client.status_env()  # GET with a JSON body
+        assert status.self_queue_size == 3 and status.env_weight == 1.0
+
+        batch = await trainer.pull()
+        check_batch(batch, 8)
+        assert [g["env_id"] for g in batch] == [0, 0]
+        await client.wait_for_room()  # one group left: below 3 batches, returns at once
+    finally:
+        await client.aclose()  # disconnect-env
+        await trainer.aclose()
+
+
+UPSTREAM_API_TESTS = (
+    "api_test_utils.py",
+    "test_api_legacy.py",
+    "test_api_compression.py",
+    "test_api_messages_handling.py",
+)
+
+
+def _rewrite_for_clotho(text: str, port: int) -> str:
+    """Swap upstream's launch command for `clotho api` and its fixed port 8000 for ours."""
+    text = (
+        text.replace("from atroposlib.tests.api_test_utils import", "from api_test_utils import")
+        .replace("sys.executable,", f"{sys.executable!r},")
+        .replace('"atroposlib.cli.run_api",', '"clotho", "api",')
+        .replace("localhost:8000", f"localhost:{port}")
+        .replace('"8000"', f'"{port}"')
+    )
+    assert "atroposlib.cli.run_api" not in text and "8000" not in text  # else: testing upstream
+    return text
+
+
+async def test_upstream_api_test_suite_passes_against_clotho_api(tmp_path: Path) -> None:
+    """Upstream's own black-box API tests (messages, compression, legacy), run on our server."""
+    python = VENV / "bin" / "python"
+    found = sorted(VENV.glob("lib/python*/site-packages/atroposlib/tests"))
+    probe = await asyncio.create_subprocess_exec(str(python), "-c", "import pytest, requests")
+    if not found or await probe.wait() != 0:
+        pytest.skip(f"upstream tests or pytest missing in {VENV} ({VENV}/bin/pip install pytest)")
+    port = free_port()
+    for name in UPSTREAM_API_TESTS:
+        text = (found[0] / name).read_text()
+        (tmp_path / name).write_text(_rewrite_for_clotho(text, port))
+    run = await asyncio.create_subprocess_exec(
+        str(python),
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        str(tmp_path),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(run.communicate(), 120)
+    text = output.decode()
+    assert run.returncode == 0, text[-3000:]
+    passed = re.search(r"(\d+) passed", text)
+    assert passed and int(passed.group(1)) >= 30, text[-3000:]
