@@ -8,6 +8,7 @@ from clotho import __version__
 from clotho.cli.api_cmd import api_command
 from clotho.cli.bench_cmd import app as bench_app
 from clotho.cli.check_cmd import check_command
+from clotho.cli.env_cmd import evaluate_command, process_command, serve_command
 from clotho.cli.eval_cmd import eval_command
 from clotho.cli.sandbox_cmd import app as sandbox_app
 
@@ -19,6 +20,9 @@ app = typer.Typer(
 )
 app.command("eval")(eval_command)
 app.command("check")(check_command)
+app.command("process")(process_command)
+app.command("serve")(serve_command)
+app.command("evaluate")(evaluate_command)
 app.command("api")(api_command)
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(bench_app, name="bench")

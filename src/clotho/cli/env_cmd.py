@@ -1,0 +1,208 @@
+"""`clotho process`, `clotho serve`, `clotho evaluate`: run an RL environment."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from clotho.chat.client import ChatClient
+from clotho.cli.config_io import apply_sets, load_config_file, merge
+from clotho.cli.signals import Terminated, cancel_on_signals
+from clotho.env.base import Environment
+from clotho.env.registry import load_environment
+from clotho.env.scored import ScoredGroup
+from clotho.errors import ClothoError
+
+console = Console(stderr=True)
+
+EnvArg = Annotated[
+    str, typer.Argument(help="registered name (terminal_tasks) or package.module:Class")
+]
+ConfigOpt = Annotated[Path | None, typer.Option(help="YAML file with the environment's config")]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="override a config field: key.path=value")
+]
+ModelOpt = Annotated[str | None, typer.Option(help="model name (OpenAI-compatible endpoint)")]
+BaseUrlOpt = Annotated[list[str] | None, typer.Option(help="endpoint base URL; repeat to balance")]
+GroupOpt = Annotated[int | None, typer.Option(help="rollouts per item")]
+TokenizerOpt = Annotated[
+    str | None, typer.Option(help="tokenizer folder/file with a chat template")
+]
+
+
+def build_environment(
+    spec: str,
+    config_file: Path | None,
+    sets: list[str] | None,
+    model: str | None,
+    base_url: list[str] | None,
+    group_size: int | None,
+    tokenizer: str | None,
+) -> Environment[Any]:
+    cls = load_environment(spec)
+    data = load_config_file(config_file) if config_file else {}
+    flags: dict[str, Any] = {"group_size": group_size, "tokenizer": tokenizer}
+    if model or base_url:
+        flags["model"] = {k: v for k, v in {"model": model, "base_url": base_url}.items() if v}
+    data = merge(data, {k: v for k, v in flags.items() if v is not None})
+    data = apply_sets(data, sets or [])
+    if "sandbox" in data:
+        data["sandbox"].setdefault("backend", "local")
+    config = cls.config_cls.model_validate(data)
+    client = ChatClient(config.model) if config.model else None
+    return cls(config, model=client)
+
+
+async def _close(env: Environment[Any]) -> None:
+    await env.close()
+    if isinstance(env.model, ChatClient):
+        await env.model.aclose()
+
+
+def _run(main: Any) -> None:
+    try:
+        asyncio.run(cancel_on_signals(main))
+    except (KeyboardInterrupt, Terminated):
+        console.print("[yellow]interrupted[/]: what finished is kept")
+        raise typer.Exit(130) from None
+    except ValidationError as exc:
+        console.print(f"[red]invalid configuration:[/]\n{exc}")
+        raise typer.Exit(2) from None
+    except ClothoError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+def process_command(
+    env: EnvArg,
+    out: Annotated[Path, typer.Option(help="JSONL file of scored groups")],
+    n_groups: Annotated[int, typer.Option(min=1, help="how many groups to produce")] = 8,
+    concurrency: Annotated[int, typer.Option(min=1, help="groups in flight at once")] = 2,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    group_size: GroupOpt = None,
+    tokenizer: TokenizerOpt = None,
+) -> None:
+    """Produce scored groups without a trainer: JSONL plus a static HTML page to browse them."""
+    from clotho.runs.browse import write_browser
+    from clotho.trainers.jsonl import JsonlSink
+
+    async def main() -> None:
+        environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
+        sink = JsonlSink(out)
+        written: list[ScoredGroup] = []
+        try:
+            await environment.setup()
+            remaining = n_groups
+            lock = asyncio.Lock()
+
+            async def worker() -> None:
+                nonlocal remaining
+                while True:
+                    async with lock:
+                        if remaining <= 0:
+                            return
+                        remaining -= 1
+                        item = await environment.get_next_item()
+                    group, _ = await environment.collect_group(item)
+                    if group is not None:
+                        await sink.send_groups([group.wire()])
+                        written.append(group)
+                        console.print(f"  group {len(written)}: scores {group.scores}")
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        finally:
+            await sink.aclose()
+            await _close(environment)
+            write_browser(written, out.with_suffix(".html"), f"{env}: scored groups")
+            console.print(f"{len(written)} groups in {out} (browse {out.with_suffix('.html')})")
+            console.print(f"stats: {environment.stats.model_dump()}")
+
+    _run(main())
+
+
+def serve_command(
+    env: EnvArg,
+    api_url: Annotated[
+        str, typer.Option(help="trajectory API (clotho api or Atropos run-api)")
+    ] = "http://localhost:8000",
+    concurrency: Annotated[int, typer.Option(min=1, help="groups in flight at once")] = 2,
+    weight: Annotated[float, typer.Option(help="this environment's share of batches")] = 1.0,
+    max_token_length: Annotated[int, typer.Option(help="reported to the trainer")] = 32768,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    group_size: GroupOpt = None,
+    tokenizer: TokenizerOpt = None,
+) -> None:
+    """Produce groups continuously for a trainer through the trajectory API."""
+    from clotho.trainers.client import ApiClientConfig, AtroposClient
+    from clotho.trainers.protocol import RegisterEnv
+
+    async def main() -> None:
+        environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
+        client = AtroposClient(ApiClientConfig(url=api_url))
+        try:
+            await environment.setup()
+            registered = await client.register_env(
+                RegisterEnv(
+                    max_token_length=environment.config.max_token_length or max_token_length,
+                    desired_name=environment.name,
+                    weight=weight,
+                    group_size=environment.config.group_size,
+                )
+            )
+            console.print(f"registered as env {registered.env_id}; producing groups (Ctrl-C stops)")
+            lock = asyncio.Lock()
+
+            async def worker() -> None:
+                while True:
+                    await client.wait_for_room()
+                    async with lock:
+                        item = await environment.get_next_item()
+                    group, _ = await environment.collect_group(item)
+                    if group is not None:
+                        await client.send_groups([group.wire()])
+                        environment.stats.groups_sent += 1
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        finally:
+            await client.aclose()
+            await _close(environment)
+            console.print(f"stats: {environment.stats.model_dump()}")
+
+    _run(main())
+
+
+def evaluate_command(
+    env: EnvArg,
+    out: Annotated[Path, typer.Option(help="run directory (same layout as clotho eval)")],
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    tokenizer: TokenizerOpt = None,
+) -> None:
+    """Run the environment's evaluate() and write metrics and samples into a run directory."""
+    from clotho.cli.eval_cmd import print_report
+    from clotho.runs.env_eval import write_evaluation
+
+    async def main() -> None:
+        environment = build_environment(env, config, set_, model, base_url, None, tokenizer)
+        try:
+            await environment.setup()
+            samples = await environment.evaluate()
+        finally:
+            await _close(environment)
+        metrics = write_evaluation(samples, out, agent=f"env:{env}")
+        print_report(metrics, out)
+
+    _run(main())

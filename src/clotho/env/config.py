@@ -1,0 +1,45 @@
+"""The configuration of an RL environment: one pydantic model, loadable from YAML."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from clotho.chat.client import ModelConfig
+from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
+from clotho.sandbox.pool import PoolConfig
+
+
+class EnvConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = 1
+    group_size: int = Field(4, ge=1, description="rollouts per item")
+    toolsets: list[str] | None = Field(
+        default_factory=lambda: ["terminal", "file"], description="None: every toolset"
+    )
+    disabled_toolsets: list[str] = Field(default_factory=list)
+    distribution: str | None = Field(None, description="toolset distribution, sampled per group")
+    max_turns: int = Field(30, ge=1)
+    time_limit_s: float | None = Field(None, gt=0, description="per rollout, agent only")
+    max_total_tokens: int | None = Field(None, gt=0)
+    system_prompt: str | None = None
+    model: ModelConfig | None = None
+    sandbox: SandboxConfig = Field(default_factory=LocalSandboxConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    min_valid_rollouts: int = Field(
+        2,
+        ge=1,
+        description="groups with fewer valid rollouts (no infra/verifier error) are dropped",
+    )
+    ensure_scores_are_not_same: bool = Field(
+        False, description="drop groups whose rollouts all scored the same (no learning signal)"
+    )
+    tokenizer: str | None = Field(
+        None, description="tokenizer folder or file with a chat template, for tokens and masks"
+    )
+    max_token_length: int | None = Field(None, gt=0)
+    overlong: Literal["drop", "truncate"] = "drop"
+    seed: int = 0
+    eval_concurrency: int = Field(4, ge=1)

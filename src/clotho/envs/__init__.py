@@ -1,0 +1,1 @@
+"""Concrete environments built on `clotho.env`."""
