@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import subprocess
@@ -178,3 +179,44 @@ async def test_serve_feeds_a_trainer_through_clotho_api(tmp_path: Path) -> None:
         assert len(group["scores"]) == len(group["messages"]) == len(group["masks"]) == 2
         assert sorted(group["scores"]) == [0.0, 1.0]
     assert serve.returncode == 130, stderr.decode()
+
+
+def oracle_like(body: dict[str, Any]) -> dict[str, Any]:
+    """A scripted model that looks around once and stops: the tests decide pass or fail."""
+    messages = body["messages"]
+    if messages[-1]["role"] != "user":
+        return assistant("done")
+    return assistant("", [tool_call("terminal", {"command": "ls"})])
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_evaluate_terminal_tasks_writes_a_run_directory(
+    make_task, tmp_path: Path, backend: str
+) -> None:
+    if backend == "docker":
+        from tests.docker_probe import DOCKER_PROBLEM, IN_CI
+
+        if DOCKER_PROBLEM and not IN_CI:
+            pytest.skip(f"no Docker daemon answers ({DOCKER_PROBLEM})")
+    make_task("passes", test_sh="mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n")
+    make_task("fails", category="git")
+    out = tmp_path / "run"
+    config = tmp_path / "env.yaml"
+    config.write_text(
+        f"tasks: [{tmp_path / 'tasks'}]\nsandbox: {{backend: {backend}}}\nmax_turns: 3\n"
+    )
+    with ScriptedOpenAIServer(default=oracle_like) as server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "clotho", "evaluate", "terminal_tasks", "--out", str(out),
+             "--config", str(config), "--model", "m", "--base-url", server.base_url],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {
+        json.loads(line)["task"]: json.loads(line)
+        for line in (out / "results.jsonl").read_text().splitlines()
+    }
+    assert rows["passes"]["passed"] is True and rows["fails"]["passed"] is False
+    assert rows["fails"]["error"] is None and rows["fails"]["turns"] == 2
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["pass_rate"] == 0.5 and set(metrics["by_category"]) == {"files", "git"}

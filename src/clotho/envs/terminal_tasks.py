@@ -16,6 +16,7 @@ from clotho.errors import ConfigError
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
 from clotho.tasks.harbor import Task, discover_tasks
+from clotho.tasks.images import ImageResolver, task_sandbox_config
 from clotho.tasks.trial import setup_workspace
 from clotho.tasks.verify import run_verifier
 
@@ -34,13 +35,19 @@ class TerminalTasksEnv(Environment[Task]):
     config: TerminalTasksConfig
 
     async def setup(self) -> None:
-        if isinstance(self.config.sandbox, DockerSandboxConfig):
-            raise ConfigError("terminal_tasks runs on the local backend for now")
         self.tasks = self._load(self.config.tasks)
         self.eval_tasks = (
             self._load(self.config.eval_tasks) if self.config.eval_tasks else self.tasks
         )
         self._order: list[Task] = []
+        self._configs: dict[str, SandboxConfig] = {}
+        if isinstance(self.config.sandbox, DockerSandboxConfig):
+            # Task images are built (once per content) before the first rollout needs them.
+            resolver = ImageResolver(self._require_pool().docker)
+            for task in {t.name: t for t in [*self.tasks, *self.eval_tasks]}.values():
+                self._configs[task.name] = await task_sandbox_config(
+                    task, self.config.sandbox, resolver
+                )
 
     @staticmethod
     def _load(paths: list[str]) -> list[Task]:
@@ -62,10 +69,10 @@ class TerminalTasksEnv(Environment[Task]):
         return item.instruction
 
     def sandbox_config(self, item: Task) -> SandboxConfig:
-        return self.config.sandbox
+        return self._configs.get(item.name, self.config.sandbox)
 
     async def setup_workspace(self, item: Task, sandbox: Sandbox) -> None:
-        await setup_workspace(item, sandbox, self.config.sandbox)
+        await setup_workspace(item, sandbox, self.sandbox_config(item))
 
     async def verify(self, item: Task, result: AgentResult, sandbox: Sandbox) -> float:
         return (await run_verifier(item, sandbox)).reward
