@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 from tests.conftest import requires_bwrap
 from tests.scripted_openai import HTTPError, ScriptedOpenAIServer, assistant, tool_call
+from tests.test_chat_template import QWEN_DIR
 
 from clotho.chat.client import ChatClient, ModelConfig
+from clotho.chat.tokenizer import TemplateTokenizer
 from clotho.env import EnvConfig, ScoredGroup, ToolContext
 from clotho.env.registry import load_environment
 from clotho.envs.terminal_test import TerminalTestEnv
@@ -166,6 +168,7 @@ async def test_serve_feeds_a_trainer_through_clotho_api(tmp_path: Path) -> None:
             serve = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "clotho", "serve", "terminal_test", "--api-url", api.url,
                 "--group-size", "2", "--model", "m", "--base-url", model.base_url,
+                "--tokenizer", str(QWEN_DIR),
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
             try:
@@ -175,9 +178,24 @@ async def test_serve_feeds_a_trainer_through_clotho_api(tmp_path: Path) -> None:
                 _, stderr = await asyncio.wait_for(serve.communicate(), 30)
                 await trainer.aclose()
     assert sum(len(g["tokens"]) for g in batch) == 4
+    tokenizer = TemplateTokenizer.from_path(QWEN_DIR)
     for group in batch:
         assert len(group["scores"]) == len(group["messages"]) == len(group["masks"]) == 2
         assert sorted(group["scores"]) == [0.0, 1.0]
+        for tokens, masks, messages in zip(
+            group["tokens"], group["masks"], group["messages"], strict=True
+        ):
+            assert len(tokens) == len(masks) > 50
+            trained = tokenizer.decode([t for t, m in zip(tokens, masks, strict=True) if m != -100])
+            untrained = tokenizer.decode(
+                [t for t, m in zip(tokens, masks, strict=True) if m == -100]
+            )
+            assert all(m in (-100, t) for t, m in zip(tokens, masks, strict=True))
+            # Trained: the model's own turns (its tool call and its final answer) and nothing else.
+            assert '"name": "write_file"' in trained and "done" in trained
+            assert trained.count("<|im_end|>") == 2
+            assert messages[1]["content"] in untrained and messages[1]["content"] not in trained
+            assert "wrote " in untrained and "wrote " not in trained  # the tool result
     assert serve.returncode == 130, stderr.decode()
 
 

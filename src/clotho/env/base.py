@@ -214,9 +214,9 @@ class Environment(abc.ABC, Generic[Item]):
         if not self.config.tokenizer:
             return [], []
         if self._tokenizer is None:
-            from clotho.chat import template
+            from clotho.chat.tokenizer import TemplateTokenizer
 
-            self._tokenizer = template.load_template_tokenizer(self.config.tokenizer)
+            self._tokenizer = TemplateTokenizer.from_path(self.config.tokenizer)
         return self._tokenizer.tokens_and_masks(messages, tools=[t.schema() for t in tools] or None)
 
     def score_group(self, rollouts: list[Rollout], tools: Sequence[Tool]) -> ScoredGroup | None:
