@@ -238,3 +238,22 @@ def test_evaluate_terminal_tasks_writes_a_run_directory(
     assert rows["fails"]["error"] is None and rows["fails"]["turns"] == 2
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["pass_rate"] == 0.5 and set(metrics["by_category"]) == {"files", "git"}
+
+
+@pytest.mark.parametrize("overlong", ["drop", "truncate"])
+async def test_overlong_sequences_are_dropped_or_truncated(overlong: str) -> None:
+    with ScriptedOpenAIServer(default=solver()) as server:
+        env = env_for(
+            server, group_size=2, tokenizer=str(QWEN_DIR), max_token_length=40, overlong=overlong
+        )
+        try:
+            await env.setup()
+            group, rollouts = await env.collect_group(await env.get_next_item())
+        finally:
+            await env.close()
+    assert all(r.valid for r in rollouts)
+    if overlong == "drop":
+        assert group is None and env.stats.dropped_overlong == 1
+    else:
+        assert group is not None and env.stats.truncated == 2
+        assert [len(t) for t in group.tokens] == [40, 40] == [len(m) for m in group.masks]
