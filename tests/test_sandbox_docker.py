@@ -11,6 +11,7 @@ import hashlib
 import os
 import random
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -22,7 +23,7 @@ import pytest
 from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F401
 
 from clotho.errors import SandboxError
-from clotho.sandbox import open_sandbox
+from clotho.sandbox import open_sandbox, proctree
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.leases import LEASE_EXPIRES, OWNER
@@ -448,3 +449,28 @@ async def test_image_without_bash_falls_back_to_sh(docker: Any, tmp_path: Path) 
             await sb.close()
     finally:
         await docker.images.delete(tag, force=True)
+
+
+@pytest.mark.parametrize("stdio", ["fifo", "attach"])
+async def test_both_stdio_paths_run_commands(docker: Any, stdio: str) -> None:
+    sb = await DockerSandbox.create(DockerSandboxConfig(stdio=stdio), docker=docker)
+    try:
+        r = await sb.exec("echo out; echo err >&2; exit 4")
+        assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 4)
+        big = await sb.exec("head -c 300000 /dev/zero | tr '\\0' x")
+        assert big.stdout == "x" * 300000
+        assert (sb.io_dir is not None) == (stdio == "fifo")
+        # A shell killed from outside fails the next command instead of hanging it.
+        shell_pid = sb._shell.pid
+        assert shell_pid is not None
+        inner = proctree.descendants(shell_pid)  # the session shell under the wrapper loop
+        os.kill(shell_pid, signal.SIGKILL)  # the wrapper first: it must not restart anything
+        for pid in inner:
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SandboxError):
+            async with asyncio.timeout(10):
+                await sb.exec("echo never")
+    finally:
+        await sb.close()
+    if stdio == "fifo":
+        assert sb.io_dir is not None and not sb.io_dir.exists()

@@ -56,6 +56,11 @@ class DockerSandboxConfig(_Common):
     init: bool = Field(
         True, description="run docker-init as pid 1 so signals and zombies are handled"
     )
+    stdio: Literal["fifo", "attach"] = Field(
+        "fifo",
+        description="fifo: the shell's pipes are FIFOs in a bind-mounted host folder (a local "
+        "daemon only; no copying through dockerd); attach: over the Engine API socket",
+    )
 
 
 SandboxConfig = Annotated[

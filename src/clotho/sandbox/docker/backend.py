@@ -25,9 +25,12 @@ from clotho.errors import SandboxError
 from clotho.sandbox import exit_cleanup
 from clotho.sandbox.config import DockerSandboxConfig, base_env
 from clotho.sandbox.docker.channel import DockerExecChannel
+from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
+from clotho.sandbox.docker.fifo import DockerFifoChannel, make_fifos
 from clotho.sandbox.leases import lease_labels
-from clotho.sandbox.shell import PersistentShell
+from clotho.sandbox.shell import PersistentShell, ShellChannel
 from clotho.sandbox.shell_backed import ShellBackedSandbox
+from clotho.sandbox.state import make_state_dir, remove_state_dir
 
 LABEL = "clotho"
 INSTALL_HINT = "the docker backend needs the extra: pip install 'clotho-rl[docker]'"
@@ -91,6 +94,7 @@ class DockerSandbox(ShellBackedSandbox):
         self._docker = docker
         self._shell = shell
         self._owns_client = owns_client
+        self.io_dir: Path | None = None
         self._closed = False
 
     @property
@@ -113,8 +117,13 @@ class DockerSandbox(ShellBackedSandbox):
         docker = docker or docker_client(config.docker_url)
         labels = dict(labels or {})
         container = None
+        io_dir: Path | None = None
         try:
             body = container_body(config, labels, lease_s)
+            if config.stdio == "fifo" and getattr(docker.connector, "path", None):
+                io_dir = make_state_dir(config.state_dir, labels, lease_s)
+                make_fifos(io_dir)
+                body["HostConfig"]["Binds"] = [f"{io_dir}:{FIFO_MOUNT}"]
             try:
                 container = await docker.containers.create(
                     body, name=f"clotho-{secrets.token_hex(6)}"
@@ -123,26 +132,37 @@ class DockerSandbox(ShellBackedSandbox):
             except DockerError as exc:
                 raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
             try:
-                shell = await cls._start_shell(container, config, "bash")
+                shell = await cls._start_shell(container, config, "bash", io_dir)
             except SandboxError:
                 # No bash in the image: a POSIX sh runs commands isolated (no session mode).
-                shell = await cls._start_shell(container, config, "sh")
+                if io_dir is not None:  # fresh FIFOs (same folder: it is bind-mounted)
+                    make_fifos(io_dir, replace=True)
+                shell = await cls._start_shell(container, config, "sh", io_dir)
         except BaseException:
             if container is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(container.delete(force=True))
+            if io_dir is not None:
+                remove_state_dir(io_dir)
             if owns_client:
                 await docker.close()
             raise
-        return cls(config, docker, container, shell, labels, owns_client)
+        sandbox = cls(config, docker, container, shell, labels, owns_client)
+        sandbox.io_dir = io_dir
+        return sandbox
 
     @staticmethod
     async def _start_shell(
-        container: Any, config: DockerSandboxConfig, name: str
+        container: Any, config: DockerSandboxConfig, name: str, io_dir: Path | None
     ) -> PersistentShell:
-        channel = DockerExecChannel(
-            container, env=base_env("/root", config.env), workdir=config.workdir, shell=name
-        )
+        env = base_env("/root", config.env)
+        channel: ShellChannel
+        if io_dir is not None:
+            channel = DockerFifoChannel(
+                container, io_dir, env=env, workdir=config.workdir, shell=name
+            )
+        else:
+            channel = DockerExecChannel(container, env=env, workdir=config.workdir, shell=name)
         shell = PersistentShell(
             channel=channel,
             max_output_bytes=config.max_output_bytes,
@@ -237,6 +257,8 @@ class DockerSandbox(ShellBackedSandbox):
         try:
             with contextlib.suppress(Exception):
                 await self.container.delete(force=True)
+            if self.io_dir is not None:
+                await asyncio.to_thread(remove_state_dir, self.io_dir)
         finally:
             if self._owns_client:
                 await self._docker.close()
