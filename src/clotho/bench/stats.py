@@ -61,3 +61,18 @@ def used_memory_mb() -> float:
         - info.get("SReclaimable", 0)
     )
     return used / 1024
+
+
+def pss_mb(pids: list[int]) -> float:
+    """Proportional set size of processes (shared pages split among their users), in MB."""
+    total_kb = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total_kb += int(line.split()[1])
+                        break
+        except OSError:
+            continue
+    return total_kb / 1024
