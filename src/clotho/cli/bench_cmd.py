@@ -9,7 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from clotho.bench.parsers_bench import ParsersBench, run_parsers_bench
 from clotho.bench.sandbox_bench import TARGETS, SandboxBench, run_sandbox_bench
+from clotho.chat.parsers import list_parsers
 
 app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -64,3 +66,43 @@ def sandbox_command(
         print(result.model_dump_json())
     else:
         console.print(_table(result))
+
+
+def _parsers_table(result: ParsersBench) -> Table:
+    table = Table(title=f"tool-call parsers: {result.seconds_per_format:.2g} s per format")
+    table.add_column("format")
+    for label in ("turns/s", "MB/s", "calls/s", "bytes/turn"):
+        table.add_column(label, justify="right")
+    for row in result.formats.values():
+        table.add_row(
+            row.format,
+            f"{row.turns_per_s:,.0f}",
+            f"{row.mb_per_s:.1f}",
+            f"{row.calls_per_s:,.0f}",
+            f"{row.mean_turn_bytes:.0f}",
+        )
+    return table
+
+
+@app.command("parsers")
+def parsers_command(
+    json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    seconds: Annotated[
+        float, typer.Option(min=0.0, help="total measuring time, shared by the formats")
+    ] = 3.0,
+    formats: Annotated[
+        list[str] | None, typer.Option("--format", help="only this format (repeatable)")
+    ] = None,
+) -> None:
+    """Client-side tool-call parsing throughput per format (turns/s, MB/s, calls/s)."""
+    unknown = sorted(set(formats or []) - set(list_parsers()))
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown format(s) {', '.join(unknown)}; known: {', '.join(list_parsers())}",
+            param_hint="--format",
+        )
+    result = run_parsers_bench(seconds, formats)
+    if json_:
+        print(result.model_dump_json())
+    else:
+        console.print(_parsers_table(result))
