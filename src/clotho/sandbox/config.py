@@ -61,6 +61,20 @@ class DockerSandboxConfig(_Common):
         description="fifo: the shell's pipes are FIFOs in a bind-mounted host folder (a local "
         "daemon only; no copying through dockerd); attach: over the Engine API socket",
     )
+    slots_per_container: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="sandboxes (slots) one container hosts, each with its own workspace and "
+        "shell; 1: a container per sandbox. Limits (cpus, memory, pids) are per container",
+    )
+    slot_isolation: Literal["auto", "bwrap", "none"] = Field(
+        "auto",
+        description="with several slots per container: bwrap runs each slot in bubblewrap "
+        "under its own uid (its workdir, /tmp and HOME private; needs bwrap and setpriv in "
+        "the image and a relaxed seccomp profile on the container); none: slots are "
+        "directories under /slots that can see each other; auto: bwrap when it works",
+    )
 
 
 SandboxConfig = Annotated[

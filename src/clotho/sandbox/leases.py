@@ -24,6 +24,8 @@ from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
 
 OWNER = "clotho.owner"
 LEASE_EXPIRES = "clotho.lease-expires"
+SLOTS = "clotho.slots"  # sandboxes a shared container hosts (absent: one)
+SLOT_ISOLATION = "clotho.slot-isolation"  # bwrap | none, as chosen when it started
 
 
 def owner_label() -> str:
@@ -66,6 +68,16 @@ class SandboxRecord:
     def expires(self) -> float | None:
         value = self.labels.get(LEASE_EXPIRES)
         return float(value) if value else None
+
+    @property
+    def slots(self) -> int:
+        """How many sandboxes (slots) the container hosts at most; 1 for a plain sandbox."""
+        value = self.labels.get(SLOTS, "1")
+        return int(value) if value.isdigit() else 1
+
+    @property
+    def slot_isolation(self) -> str | None:
+        return self.labels.get(SLOT_ISOLATION)
 
     def orphaned(self, now: float | None = None) -> bool:
         now = now or time.time()

@@ -16,13 +16,16 @@ import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from clotho.errors import SandboxError
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
+
+if TYPE_CHECKING:
+    from clotho.sandbox.docker.slots import SlotHost
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,7 @@ class SlotPool:
         self._cond = asyncio.Condition()
         self._background: set[asyncio.Task[Any]] = set()
         self._docker: Any = None
+        self._slots: SlotHost | None = None  # made on first use of slots_per_container > 1
         self._maintenance: asyncio.Task[None] | None = None
         self._closed = False
         self.created = 0
@@ -105,6 +109,12 @@ class SlotPool:
             if self._docker is None:
                 self._docker = docker_client(config.docker_url or self._docker_url)
                 self._spawn(self._reap_orphans(docker=True))
+            if config.slots_per_container > 1:  # slots of shared containers
+                from clotho.sandbox.docker.slots import SlotHost
+
+                if self._slots is None:
+                    self._slots = SlotHost(self._docker)
+                return await self._slots.open(config, labels, lease_s=self.config.lease_s)
             return await DockerSandbox.create(
                 config, labels, docker=self._docker, lease_s=self.config.lease_s
             )
@@ -168,6 +178,9 @@ class SlotPool:
         await asyncio.gather(*(self._destroy(s) for s in slots), return_exceptions=True)
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        if self._slots is not None:
+            await self._slots.close()
+            self._slots = None
         if self._docker is not None:
             await self._docker.close()
             self._docker = None

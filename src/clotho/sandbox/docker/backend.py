@@ -112,6 +112,8 @@ class DockerSandbox(ShellBackedSandbox):
     ) -> DockerSandbox:
         from aiodocker.exceptions import DockerError
 
+        if config.slots_per_container > 1:
+            return await cls._create_slot(config, labels, docker=docker, lease_s=lease_s)
         exit_cleanup.register("docker")
         owns_client = docker is None
         docker = docker or docker_client(config.docker_url)
@@ -150,6 +152,26 @@ class DockerSandbox(ShellBackedSandbox):
         sandbox = cls(config, docker, container, shell, labels, owns_client)
         sandbox.io_dir = io_dir
         return sandbox
+
+    @staticmethod
+    async def _create_slot(
+        config: DockerSandboxConfig,
+        labels: dict[str, str] | None,
+        *,
+        docker: Any,
+        lease_s: float,
+    ) -> DockerSandbox:
+        """A lone slot: its own container, in the slot layout (a pool shares containers)."""
+        from clotho.sandbox.docker.slots import SlotHost
+
+        owns_client = docker is None
+        docker = docker or docker_client(config.docker_url)
+        host = SlotHost(docker, owns_client=owns_client, single_use=True)
+        try:
+            return await host.open(config, labels, lease_s=lease_s)
+        except BaseException:
+            await asyncio.shield(host.close())
+            raise
 
     @staticmethod
     async def _start_shell(

@@ -16,10 +16,18 @@ class DockerExecChannel(ShellChannel):
     """`exec` of `bash` with stdin attached; the multiplexed stream is split into two readers."""
 
     def __init__(
-        self, container: Any, *, env: dict[str, str], workdir: str, shell: str = "bash"
+        self,
+        container: Any,
+        *,
+        env: dict[str, str],
+        workdir: str,
+        shell: str = "bash",
+        argv: list[str] | None = None,
     ) -> None:
+        """`argv` replaces the plain `shell` command (a slot's shell starts through sh -c)."""
         self._container = container
         self._shell = shell
+        self._argv = argv
         self._env = env
         self._workdir = workdir
         self._exec: Any = None
@@ -42,8 +50,11 @@ class DockerExecChannel(ShellChannel):
         from aiodocker.exceptions import DockerError
 
         try:
+            argv = self._argv or (
+                [self._shell, "--noprofile", "--norc"] if self._shell == "bash" else [self._shell]
+            )
             self._exec = await self._container.exec(
-                [self._shell, "--noprofile", "--norc"] if self._shell == "bash" else [self._shell],
+                argv,
                 stdin=True,
                 stdout=True,
                 stderr=True,

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
+import struct
+import termios
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,38 @@ def make_fifos(folder: Path, *, replace: bool = False) -> None:
         os.mkfifo(folder / name, 0o600)
 
 
+class _Feed(asyncio.Protocol):
+    """Pipe bytes into a stream reader until `end()`; after that (the shell died) a process
+    it left behind may still write into the FIFO: those bytes are dropped."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._ended = False
+
+    def data_received(self, data: bytes) -> None:
+        if not self._ended:
+            self._reader.feed_data(data)
+
+    def end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._reader.feed_eof()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.end()
+
+
+def _unread(transport: asyncio.BaseTransport) -> int:
+    """Bytes waiting in the pipe under a read transport."""
+    pipe = transport.get_extra_info("pipe")
+    if pipe is None or pipe.closed:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    except OSError:
+        return 0
+
+
 class DockerFifoChannel(ShellChannel):
     def __init__(
         self,
@@ -39,16 +74,23 @@ class DockerFifoChannel(ShellChannel):
         env: dict[str, str],
         workdir: str,
         shell: str = "bash",
+        mount: str = MOUNT,
+        prelude: str = "",
     ) -> None:
+        """`mount` is `folder` as the container sees it; `shell` may be a whole command line,
+        run by `exec` after the `prelude` (shell text ending in `;` or a newline)."""
         self._container = container
         self._folder = folder
         self._env = env
         self._workdir = workdir
         self._shell = shell
+        self._mount = mount
+        self._prelude = prelude
         self._exec: Any = None
         self._shell_pid: int | None = None
         self._writer: asyncio.WriteTransport | None = None
         self._readers: list[asyncio.BaseTransport] = []
+        self._feeds: list[_Feed] = []
         self._watchdog: asyncio.Task[None] | None = None
         self._keep: int | None = None
         self.stdout = asyncio.StreamReader(limit=_STREAM_LIMIT)
@@ -78,13 +120,15 @@ class DockerFifoChannel(ShellChannel):
         )
         fds = [os.open(self._folder / n, os.O_RDWR | os.O_CLOEXEC) for n in ("out", "err")]
         for fd, reader in ((fds[0], self.stdout), (fds[1], self.stderr)):
-            transport, _ = await loop.connect_read_pipe(
-                lambda reader=reader: asyncio.StreamReaderProtocol(reader),
-                os.fdopen(fd, "rb", buffering=0),
+            transport, feed = await loop.connect_read_pipe(
+                lambda reader=reader: _Feed(reader), os.fdopen(fd, "rb", buffering=0)
             )
             self._readers.append(transport)
+            self._feeds.append(feed)
         shell = f"{self._shell} --noprofile --norc" if self._shell == "bash" else self._shell
-        redirect = f"exec {shell} <{MOUNT}/in >{MOUNT}/out 2>{MOUNT}/err"
+        io = self._mount
+        # The prelude runs with the FIFOs as stdio already, so its errors reach the host.
+        redirect = f"exec <{io}/in >{io}/out 2>{io}/err; {self._prelude}exec {shell}"
         try:
             self._exec = await self._container.exec(
                 ["sh", "-c", redirect], environment=self._env, workdir=self._workdir
@@ -97,7 +141,8 @@ class DockerFifoChannel(ShellChannel):
                     break
                 if info.get("ExitCode") is not None and not info.get("Running"):
                     raise SandboxError(
-                        f"the container shell ({self._shell}) exited with {info.get('ExitCode')}"
+                        f"the container shell ({self._shell.split()[0]}) exited with "
+                        f"{info.get('ExitCode')}"
                     )
                 await asyncio.sleep(0.005)
             else:
@@ -109,8 +154,14 @@ class DockerFifoChannel(ShellChannel):
     async def _watch(self, pid: int) -> None:
         while os.path.exists(f"/proc/{pid}"):  # noqa: ASYNC110 - no event to wait on
             await asyncio.sleep(0.5)
-        self.stdout.feed_eof()
-        self.stderr.feed_eof()
+        # What the shell wrote before it died is still in the pipes: let the readers have it
+        # (the transports read on the next loop turns), then end the streams.
+        for _ in range(100):
+            if not any(_unread(t) for t in self._readers):
+                break
+            await asyncio.sleep(0.01)
+        for feed in self._feeds:
+            feed.end()
 
     async def ready(self) -> None:
         """The pid is known since open()."""

@@ -1,0 +1,411 @@
+"""Several sandboxes (slots) per container: `SlotHost` hands them out, a container per N.
+
+Starting a container costs 200-400 ms and a few MB; a slot in a running one costs one exec
+(its shell). `SlotHost.open(config)` gives a slot of a container started from the same
+configuration that has one free, or starts a container for `slots_per_container` of them.
+Each slot has its own folder (`slot_layout.py`), its own persistent shell (over its own FIFOs
+or attach socket) and, with `slot_isolation` bwrap, its own uid, mount, network, IPC and UTS
+namespaces. Closing a slot kills all its processes (by its uid when isolated, and by the
+token in every process's environment) and wipes its folder; a freed slot number is used
+again for a fresh slot; the container goes when its last slot closes. A container takes new
+slots only during the first half of its lease, so no slot outlives the lease on it.
+
+Isolation: user namespaces are blocked by Docker's default seccomp profile, so a container
+meant for isolated slots runs with `seccomp=unconfined` (capabilities stay Docker's reduced
+set, /proc stays masked). `auto` tries that once per image and falls back to none (in a
+container with the default profile) when bubblewrap is missing or does not work; the choice
+is logged and written in the container's `clotho.slot-isolation` label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clotho.errors import SandboxError
+from clotho.sandbox import exit_cleanup, proctree
+from clotho.sandbox.config import DockerSandboxConfig, base_env
+from clotho.sandbox.docker.backend import container_body
+from clotho.sandbox.docker.channel import DockerExecChannel
+from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
+from clotho.sandbox.docker.fifo import DockerFifoChannel, make_fifos
+from clotho.sandbox.docker.slot_layout import (
+    REAP_SCRIPT,
+    SLOT_UID_BASE,
+    SlotLayout,
+    probe_script,
+)
+from clotho.sandbox.docker.slot_sandbox import IsolatedSlotSandbox, SlotSandbox
+from clotho.sandbox.leases import SLOT_ISOLATION, SLOTS
+from clotho.sandbox.shell import PersistentShell, ShellChannel
+from clotho.sandbox.state import make_state_dir, remove_state_dir
+
+log = logging.getLogger(__name__)
+
+RELAXED = ["seccomp=unconfined"]
+
+
+async def run_exec(container: Any, argv: list[str], timeout: float = 60.0) -> tuple[int, str]:
+    """Run a command as root in the container to its end: (exit code, stdout + stderr)."""
+    execution = await container.exec(argv, stdout=True, stderr=True, user="root")
+    output = bytearray()
+    async with asyncio.timeout(timeout):
+        async with execution.start(detach=False) as stream:
+            while (message := await stream.read_out()) is not None:
+                output += message.data
+        info = await execution.inspect()
+        while info.get("Running"):  # the exit code can lag the end of the stream a moment
+            await asyncio.sleep(0.01)
+            info = await execution.inspect()
+    return int(info.get("ExitCode") or 0), output.decode(errors="replace")
+
+
+class NestedShellChannel(ShellChannel):
+    """A channel whose exec'd process launches the shell (setpriv, then bubblewrap's monitor):
+    timeouts must kill what the shell started, so its pid is found among the descendants."""
+
+    def __init__(self, inner: ShellChannel, shell: str) -> None:
+        self._inner = inner
+        self._comm = shell
+        self._shell_pid: int | None = None
+        self.stdout = inner.stdout
+        self.stderr = inner.stderr
+
+    @property
+    def pid(self) -> int | None:
+        return self._inner.pid
+
+    @property
+    def shell_pid(self) -> int | None:
+        outer = self._inner.shell_pid
+        if self._shell_pid is None and outer is not None:
+            for pid in proctree.descendants(outer):
+                if proctree.comm(pid) == self._comm:
+                    self._shell_pid = pid
+                    break
+        return self._shell_pid
+
+    async def open(self) -> None:
+        await self._inner.open()
+
+    async def ready(self) -> None:
+        await self._inner.ready()
+
+    async def write(self, data: bytes) -> None:
+        await self._inner.write(data)
+
+    def kill_running(self) -> None:
+        if (pid := self.shell_pid) is not None:
+            proctree.kill_descendants(pid)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+@dataclass
+class _ImageFacts:
+    """What probing an image found (None: not probed yet)."""
+
+    bash: bool | None = None
+    bwrap: bool | None = None  # isolated slots start there
+    problem: str = ""  # why they do not
+
+
+def _no_bwrap(config: DockerSandboxConfig, problem: str) -> SandboxError:
+    return SandboxError(
+        f"slot_isolation='bwrap' cannot isolate slots in {config.image}: {problem}. "
+        "Use slot_isolation='none' (slots see each other) or 'auto', or an image with "
+        "bubblewrap and util-linux (setpriv)"
+    )
+
+
+@dataclass
+class _Box:
+    """One container and its slot numbers."""
+
+    key: str
+    config: DockerSandboxConfig
+    labels: dict[str, str]
+    lease_s: float
+    free: list[int]
+    used: int = 0
+    created: float = field(default_factory=time.monotonic)
+    task: asyncio.Future[None] | None = None
+    container: Any = None
+    io_dir: Path | None = None
+    isolation: str = "none"
+    bash: bool = True
+    gone: bool = False  # removed from its group: takes no new slots
+
+    def accepts(self) -> bool:
+        young = time.monotonic() - self.created < self.lease_s / 2
+        return not self.gone and bool(self.free) and young
+
+    def take(self) -> int:
+        self.used += 1
+        return self.free.pop(0)
+
+    @property
+    def hide(self) -> list[str]:
+        """Container paths an isolated slot must not see besides /slots (everyone's FIFOs)."""
+        return [FIFO_MOUNT] if self.io_dir is not None else []
+
+
+class SlotHost:
+    """Hands out slots of shared containers, grouped by configuration and lease length.
+
+    One per pool (or per process), owning nothing global: close() removes every container.
+    With `single_use`, the host closes itself (and its own client) with its last container:
+    `open_sandbox` uses that for a lone slot sandbox.
+    """
+
+    def __init__(self, docker: Any, *, owns_client: bool = False, single_use: bool = False):
+        self.docker = docker
+        self._owns_client = owns_client
+        self._single_use = single_use
+        self._boxes: dict[str, list[_Box]] = defaultdict(list)
+        self._facts: dict[str, _ImageFacts] = {}
+        self._lock = asyncio.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    # -- slots -------------------------------------------------------------------------
+
+    async def open(
+        self,
+        config: DockerSandboxConfig,
+        labels: dict[str, str] | None = None,
+        *,
+        lease_s: float = 6 * 3600,
+    ) -> SlotSandbox:
+        labels = dict(labels or {})
+        key = f"{lease_s}:{config.model_dump_json()}"
+        async with self._lock:
+            if self._closed:
+                raise SandboxError("the slot host is closed")
+            box = next((b for b in self._boxes[key] if b.accepts()), None)
+            if box is None:
+                box = _Box(key, config, labels, lease_s, list(range(config.slots_per_container)))
+                self._boxes[key].append(box)
+                box.task = asyncio.ensure_future(self._start(box))
+            index = box.take()
+        layout: SlotLayout | None = None
+        try:
+            assert box.task is not None
+            await asyncio.shield(box.task)
+            layout = SlotLayout(
+                name=str(index),
+                uid=SLOT_UID_BASE + index,
+                workdir=config.workdir,
+                isolated=box.isolation == "bwrap",
+                token=f"{box.container.id[:12]}-{index}-{secrets.token_hex(6)}",
+            )
+            return await self._open_slot(box, index, layout, labels)
+        except BaseException:
+            # Not awaited here: a cancelled caller must not cut the clean-up short.
+            self._spawn(self._give_back(box, index, layout))
+            raise
+
+    async def _open_slot(
+        self, box: _Box, index: int, layout: SlotLayout, labels: dict[str, str]
+    ) -> SlotSandbox:
+        config = box.config
+        shell_name = "bash" if box.bash else "sh"
+        env = layout.env(base_env(layout.home, config.env))
+        command = layout.shell_command(shell_name, network=config.network, hide=box.hide)
+        channel: ShellChannel
+        if box.io_dir is not None:
+            folder = box.io_dir / layout.name
+            await asyncio.to_thread(_fresh_fifos, folder)
+            channel = DockerFifoChannel(
+                box.container, folder, env=env, workdir="/", shell=command,
+                mount=f"{FIFO_MOUNT}/{layout.name}", prelude=layout.prelude(),
+            )  # fmt: skip
+        else:
+            argv = ["sh", "-c", f"{layout.prelude()}exec {command}"]
+            channel = DockerExecChannel(box.container, env=env, workdir="/", argv=argv)
+        if layout.isolated:
+            channel = NestedShellChannel(channel, shell_name)
+        shell = PersistentShell(
+            channel=channel,
+            max_output_bytes=config.max_output_bytes,
+            session=config.shell == "session" and box.bash,
+        )
+        await shell.start()  # closes the channel itself when it fails
+        cls = IsolatedSlotSandbox if layout.isolated else SlotSandbox
+        return cls(
+            config, self.docker, box.container, shell, labels,
+            layout=layout, slot=index, retire=lambda sb: self._give_back(box, index, layout),
+        )  # fmt: skip
+
+    async def _give_back(self, box: _Box, index: int, layout: SlotLayout | None) -> None:
+        """Kill a slot's processes and wipe its folder; then its number is free again."""
+        reusable = True
+        container = box.container
+        if layout is not None and container is not None:
+            try:
+                code, output = await run_exec(
+                    container,
+                    ["sh", "-c", REAP_SCRIPT, "reap", layout.token,
+                     str(layout.uid) if layout.isolated else "", layout.dir],
+                )  # fmt: skip
+                if code != 0:
+                    raise SandboxError(f"exit {code}: {output.strip()}")
+            except Exception as exc:
+                reusable = False  # whatever is left dies with the container
+                log.warning("cleaning slot %s of %s failed: %s", index, container.id, exc)
+            if box.io_dir is not None:
+                await asyncio.to_thread(remove_state_dir, box.io_dir / layout.name)
+        async with self._lock:
+            box.used -= 1
+            if reusable:
+                box.free.append(index)
+                box.free.sort()
+            empty = box.used == 0
+            if empty:
+                self._forget(box)
+        if empty:
+            await self._remove(box)
+
+    def _forget(self, box: _Box) -> None:
+        box.gone = True
+        group = self._boxes.get(box.key, [])
+        if box in group:
+            group.remove(box)
+        if not group:
+            self._boxes.pop(box.key, None)
+
+    # -- containers --------------------------------------------------------------------
+
+    async def _start(self, box: _Box) -> None:
+        """Start the box's container and settle its isolation (probing once per image)."""
+        try:
+            await self._start_container(box)
+        except BaseException:
+            async with self._lock:
+                self._forget(box)
+            raise
+
+    async def _start_container(self, box: _Box) -> None:
+        config = box.config
+        facts = self._facts.setdefault(config.image, _ImageFacts())
+        want = config.slot_isolation
+        if want == "auto" and facts.bwrap is not None:
+            want = "bwrap" if facts.bwrap else "none"
+        if want == "bwrap" and facts.bwrap is False:
+            raise _no_bwrap(config, facts.problem)
+        await self._create(box, isolation=want if want != "auto" else "bwrap")
+        probe_bwrap = box.isolation == "bwrap" and facts.bwrap is None
+        if facts.bash is not None and not probe_bwrap:
+            box.bash = facts.bash
+            return
+        layout = None
+        if probe_bwrap:
+            token = f"probe-{secrets.token_hex(6)}"
+            layout = SlotLayout("probe", SLOT_UID_BASE - 1, config.workdir, True, token)
+        script = probe_script(layout, network=config.network, hide=box.hide)
+        code, output = await run_exec(box.container, ["sh", "-c", script])
+        box.bash = facts.bash = output.splitlines()[:1] == ["bash"]
+        if layout is None:
+            return
+        facts.bwrap = code == 0
+        if facts.bwrap:
+            log.info(
+                "containers of %s host %d slots each, isolated with bubblewrap",
+                config.image, config.slots_per_container,
+            )  # fmt: skip
+            return
+        problem = "\n".join(line for line in output.splitlines() if line != "bash").strip()
+        facts.problem = problem or f"exit {code}"
+        await self._delete(box)
+        if config.slot_isolation == "bwrap":
+            raise _no_bwrap(config, facts.problem)
+        log.warning(
+            "slots in %s run without isolation: bubblewrap does not work there (%s)",
+            config.image, facts.problem,
+        )  # fmt: skip
+        await self._create(box, isolation="none")
+
+    async def _create(self, box: _Box, *, isolation: str) -> None:
+        from aiodocker.exceptions import DockerError
+
+        config = box.config
+        exit_cleanup.register("docker")
+        labels = {
+            **box.labels,
+            SLOTS: str(config.slots_per_container),
+            SLOT_ISOLATION: isolation,
+        }
+        body = container_body(config, labels, box.lease_s)
+        if isolation == "bwrap":
+            body["HostConfig"]["SecurityOpt"] = RELAXED
+        if config.stdio == "fifo" and getattr(self.docker.connector, "path", None):
+            box.io_dir = await asyncio.to_thread(
+                make_state_dir, config.state_dir, box.labels, box.lease_s
+            )
+            body["HostConfig"]["Binds"] = [f"{box.io_dir}:{FIFO_MOUNT}"]
+        try:
+            box.container = await self.docker.containers.create(
+                body, name=f"clotho-{secrets.token_hex(6)}"
+            )
+            await box.container.start()
+        except BaseException as exc:
+            await self._delete(box)
+            if isinstance(exc, DockerError):
+                raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
+            raise
+        box.isolation = isolation
+        box.created = time.monotonic()
+
+    async def _delete(self, box: _Box) -> None:
+        container, box.container = box.container, None
+        io_dir, box.io_dir = box.io_dir, None
+        if container is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(container.delete(force=True))
+        if io_dir is not None:
+            await asyncio.to_thread(remove_state_dir, io_dir)
+
+    async def _remove(self, box: _Box) -> None:
+        if box.task is not None:
+            with contextlib.suppress(BaseException):
+                await box.task
+        await self._delete(box)
+        if self._single_use and not self._boxes:
+            await self.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def stats(self) -> dict[str, int]:
+        boxes = [b for group in self._boxes.values() for b in group]
+        return {"containers": len(boxes), "slots_in_use": sum(b.used for b in boxes)}
+
+    async def close(self) -> None:
+        """Remove every container, slots in use or not (their shells die with them)."""
+        if self._closed:
+            return
+        self._closed = True
+        while pending := [t for t in self._background if t is not asyncio.current_task()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+        async with self._lock:
+            boxes = [b for group in self._boxes.values() for b in group]
+            for box in boxes:
+                self._forget(box)
+        await asyncio.gather(*(self._remove(b) for b in boxes), return_exceptions=True)
+        if self._owns_client:
+            await self.docker.close()
+
+
+def _fresh_fifos(folder: Path) -> None:
+    folder.mkdir(exist_ok=True)
+    make_fifos(folder, replace=True)
