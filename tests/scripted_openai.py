@@ -103,7 +103,9 @@ class ScriptedOpenAIServer:
         *,
         default: ScriptEntry | None = None,
         model: str = "scripted-model",
+        path: str | None = None,
     ) -> None:
+        self.path = path or CHAT_PATH  # e.g. "/v1/completions" to stand in for vLLM's token API
         self.script: list[ScriptEntry] = list(script)
         self.default = default
         self.model = model
@@ -197,7 +199,7 @@ class ScriptedOpenAIServer:
         with self._lock:
             self.headers.append({k.lower(): v for k, v in handler.headers.items()})
             self.paths.append(handler.path)
-        if handler.path != CHAT_PATH:
+        if handler.path != self.path:
             _send(handler, 404, b'{"error": {"message": "not found"}}')
             return
         entry = self._next(body)

@@ -1,31 +1,18 @@
 """`ChatClient`: OpenAI-compatible chat completions with tools (phase 1).
 
-Works with any `/v1/chat/completions` server (vLLM, SGLang, OpenRouter, OpenAI). Several
-base URLs are balanced round-robin; an endpoint that fails is skipped for a cool-down.
-429, 5xx, malformed bodies and connection errors are retried with exponential backoff;
-what still fails becomes a `ModelError`, an infrastructure error, never an agent failure.
+Works with any `/v1/chat/completions` server (vLLM, SGLang, OpenRouter, OpenAI). Balancing
+and retries live in `clotho.chat.http`: what still fails becomes a `ModelError`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
-from typing import Any
+from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
 
+from clotho.chat.http import BalancedPoster
 from clotho.chat.types import ChatResponse, Usage
-from clotho.errors import ConfigError, ModelError
+from clotho.errors import ConfigError
 
 
 class SamplingParams(BaseModel):
@@ -38,10 +25,40 @@ class SamplingParams(BaseModel):
     seed: int | None = None
 
 
+ModelApi = Literal["chat", "vllm", "sglang", "local"]
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
+
+
 class ModelConfig(BaseModel):
+    """A model endpoint. `api` picks the protocol: OpenAI chat (phase 1), or token-in/token-out
+    (phase 2: vLLM, SGLang, or `local`, the embedded llama.cpp model) with exact token ids."""
+
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: str = EMBEDDED_MODEL
+    api: ModelApi = Field(
+        "chat",
+        description="chat: /v1/chat/completions; vllm: /v1/completions with token ids; "
+        "sglang: /generate; local: the embedded SmolLM2 model, in-process",
+    )
+    tokenizer: str | None = Field(
+        None, description="token APIs: tokenizer.json or its folder (with the chat template)"
+    )
+    chat_template: str | None = Field(
+        None, description="token APIs: a Jinja template file, instead of the tokenizer's own"
+    )
+    tool_parser: str = Field("hermes", description="token APIs: the model's tool-call format")
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="token APIs: extra template variables (enable_thinking)"
+    )
+    on_template_break: Literal["split", "error"] = Field(
+        "split",
+        description="token APIs: a template that rewrites earlier turns splits the trajectory "
+        "into several training sequences (split) or fails the rollout (error)",
+    )
+    max_context_tokens: int | None = Field(
+        None, gt=0, description="token APIs: the model's context; a full context ends the run"
+    )
     base_url: str | list[str] = "http://127.0.0.1:8000/v1"
     api_key_env: str | None = Field(
         "OPENAI_API_KEY", description="name of the environment variable holding the key"
@@ -62,18 +79,6 @@ class ModelConfig(BaseModel):
         return [u.rstrip("/") for u in urls]
 
 
-class _Retryable(Exception):
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class _Endpoint:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.unhealthy_until = 0.0
-
-
 class ChatClient:
     def __init__(
         self,
@@ -83,38 +88,7 @@ class ChatClient:
         environ: dict[str, str] | None = None,
     ) -> None:
         self.config = config
-        if api_key is None and config.api_key_env:
-            api_key = (environ if environ is not None else os.environ).get(config.api_key_env)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
-        )
-        self._endpoints = [_Endpoint(u) for u in config.base_urls]
-        self._next = 0
-
-    def _pick(self) -> _Endpoint:
-        now = time.monotonic()
-        n = len(self._endpoints)
-        for i in range(n):
-            endpoint = self._endpoints[(self._next + i) % n]
-            if endpoint.unhealthy_until <= now:
-                self._next = (self._next + i + 1) % n
-                return endpoint
-        # Everything is cooling down: try the one that recovers first.
-        return min(self._endpoints, key=lambda e: e.unhealthy_until)
-
-    def _wait(self, state: RetryCallState) -> float:
-        initial, cap = self.config.backoff_initial_s, self.config.backoff_max_s
-        # Exponential from `initial`, with jitter of the same scale so small settings stay small.
-        backoff = min(
-            cap, (wait_exponential(multiplier=initial, max=cap) + wait_random(0, initial))(state)
-        )
-        exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, _Retryable) and exc.retry_after is not None:
-            return max(backoff, min(exc.retry_after, self.config.backoff_max_s))
-        return backoff
+        self._poster = poster_for(config, api_key=api_key, environ=environ)
 
     def build_body(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -129,64 +103,45 @@ class ChatClient:
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> ChatResponse:
-        body = self.build_body(messages, tools)
-        attempts = self.config.max_retries + 1
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(attempts),
-                wait=self._wait,
-                retry=retry_if_exception_type(_Retryable),
-                reraise=True,
-            ):
-                with attempt:
-                    return await self._post(self._pick(), body)
-        except _Retryable as exc:
-            raise ModelError(f"model request failed after {attempts} attempts: {exc}") from exc
-        raise AssertionError("unreachable")
-
-    async def _post(self, endpoint: _Endpoint, body: dict[str, Any]) -> ChatResponse:
-        url = f"{endpoint.url}/chat/completions"
-        started = time.perf_counter()
-        try:
-            response = await self._http.post(url, json=body)
-        except httpx.TransportError as exc:
-            endpoint.unhealthy_until = time.monotonic() + self.config.unhealthy_cooldown_s
-            raise _Retryable(f"{url}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code == 429 or response.status_code >= 500:
-            if response.status_code >= 500:
-                endpoint.unhealthy_until = time.monotonic() + self.config.unhealthy_cooldown_s
-            retry_after = _parse_retry_after(response.headers.get("retry-after"))
-            raise _Retryable(
-                f"{url}: HTTP {response.status_code}: {response.text[:300]}", retry_after
-            )
-        if response.status_code >= 400:
-            raise ModelError(f"{url}: HTTP {response.status_code}: {response.text[:500]}")
-        try:
-            data = response.json()
-            choice = data["choices"][0]
-            message = choice["message"]
-            if not isinstance(message, dict):
-                raise TypeError("message is not an object")
-            usage = data.get("usage") or {}
-            if not isinstance(usage, dict):
-                raise TypeError("usage is not an object")
-            counts = Usage(**{k: int(usage.get(k) or 0) for k in Usage.model_fields})
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError, ValueError) as exc:
-            raise _Retryable(f"{url}: malformed response ({exc}): {response.text[:300]}") from exc
-        return ChatResponse(
-            message=message,
-            finish_reason=choice.get("finish_reason"),
-            usage=counts,
-            model=data.get("model"),
-            latency_s=time.perf_counter() - started,
+        response, latency = await self._poster.post(
+            "chat/completions", self.build_body(messages, tools), _parse_completion
         )
+        response.latency_s = latency
+        return response
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._poster.aclose()
 
 
-def _parse_retry_after(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
+def poster_for(
+    config: ModelConfig, *, api_key: str | None = None, environ: dict[str, str] | None = None
+) -> BalancedPoster:
+    """The retrying, balancing HTTP side of a model config."""
+    return BalancedPoster(
+        config.base_urls,
+        api_key_env=config.api_key_env,
+        api_key=api_key,
+        environ=environ,
+        timeout_s=config.timeout_s,
+        max_retries=config.max_retries,
+        backoff_initial_s=config.backoff_initial_s,
+        backoff_max_s=config.backoff_max_s,
+        unhealthy_cooldown_s=config.unhealthy_cooldown_s,
+    )
+
+
+def _parse_completion(data: Any) -> ChatResponse:
+    choice = data["choices"][0]
+    message = choice["message"]
+    if not isinstance(message, dict):
+        raise TypeError("message is not an object")
+    usage = data.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise TypeError("usage is not an object")
+    counts = Usage(**{k: int(usage.get(k) or 0) for k in Usage.model_fields})
+    return ChatResponse(
+        message=message,
+        finish_reason=choice.get("finish_reason"),
+        usage=counts,
+        model=data.get("model"),
+    )

@@ -73,6 +73,11 @@ class TemplateTokenizer:
             raise ChatTemplateError(f"{file} is not a tokenizers JSON file: {exc}") from exc
         return cls(tokenizer, template)
 
+    @property
+    def special_tokens(self) -> list[str]:
+        """The tokenizer's special tokens, longest first."""
+        return list(self._special)
+
     def encode(self, text: str) -> list[int]:
         """Token ids of text, with no special tokens added beyond those written in it."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids
