@@ -105,13 +105,14 @@ class TokenLedger:
                 f"message {self._seen} should be the assistant turn sampled last "
                 f"(the ledger covers {self._seen} messages)"
             )
-        through_turn = self._render(messages[: self._seen + 1], False)
         rendered = self._render(messages, True)
-        if not (through_turn.startswith(self._rendered) and rendered.startswith(through_turn)):
+        if not rendered.startswith(self._rendered):  # an earlier turn was rewritten
             self._break(messages, rendered)
             return list(self.current.tokens)
-        turn = through_turn[len(self._rendered) :]
-        added = self._rest_of_turn(turn) + rendered[len(through_turn) :]
+        added = self._after_sampled(messages, rendered)
+        if added is None:
+            self._break(messages, rendered)
+            return list(self.current.tokens)
         self.current.extend(self.tokenizer.encode(added))
         self._rendered, self._seen, self._sampled_text = rendered, len(messages), None
         return list(self.current.tokens)
@@ -157,6 +158,28 @@ class TokenLedger:
         self.current.extend(self.tokenizer.encode(self._closing_after(self._sampled_text or "")))
         self.breaks.append(len(messages))
         self._start(messages)
+
+    def _after_sampled(self, messages: Sequence[dict[str, Any]], rendered: str) -> str | None:
+        """The text that follows the sampled ids in the next prompt: the rest of the turn,
+        the new messages and the generation prompt; None if the turn's end cannot be found.
+
+        The turn is read as the template writes it mid-conversation (`rendered`), which can
+        differ from the turn rendered last (Qwen3 writes an empty `<think>` block only on the
+        last turn): the model's ids stand either way.
+        """
+        sampled = self._sampled_text or ""
+        after = rendered[len(self._rendered) :]
+        if sampled and after.startswith(sampled):
+            return after[len(sampled) :]
+        through_turn = self._render(messages[: self._seen + 1], False)
+        if through_turn.startswith(self._rendered) and rendered.startswith(through_turn):
+            turn = through_turn[len(self._rendered) :]
+            return self._rest_of_turn(turn) + rendered[len(through_turn) :]
+        # The template words the turn its own way: it ends at the template's turn closing.
+        end = after.find(self._closing) if self._closing else -1
+        if end < 0:
+            return None
+        return self._closing_after(sampled) + after[end + len(self._closing) :]
 
     def _rest_of_turn(self, turn: str) -> str:
         """What the template writes after the sampled text, within the assistant turn."""
