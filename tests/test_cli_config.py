@@ -56,7 +56,10 @@ def test_bad_yaml_and_non_mapping(tmp_path: Path) -> None:
         load_config_file(bad)
 
 
-def test_llm_agent_requires_a_model() -> None:
-    with pytest.raises(ValueError, match="needs a model"):
-        EvalConfig(paths=["x"], agent="llm")
+def test_llm_agent_without_a_model_means_the_embedded_one() -> None:
+    assert EvalConfig(paths=["x"], agent="llm").model is None
     assert EvalConfig(paths=["x"], agent="nop").model is None
+    flags = EvalConfig.model_validate({"paths": ["x"], "model": {"api": "local"}})
+    assert flags.model is not None and flags.model.model == "SmolLM2-135M-Instruct"
+    with pytest.raises(ValueError, match="api"):
+        EvalConfig.model_validate({"paths": ["x"], "model": {"api": "tgi"}})

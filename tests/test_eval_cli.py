@@ -234,8 +234,15 @@ def test_ctrl_c_keeps_finished_results_and_leaves_nothing_behind(make_task, tmp_
     assert [p.name for p in state.iterdir()] == []
 
 
-@pytest.mark.parametrize("flag", [["--agent", "llm"], ["--agent", "llm", "--concurrency", "0"]])
-def test_bad_flags_get_a_clear_message(examples_dir: Path, flag: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("flag", "says"),
+    [
+        (["--agent", "llm", "--concurrency", "0"], "concurrency"),
+        (["--agent", "llm", "--api", "vllm", "--base-url", "http://127.0.0.1:9"], "tokenizer"),
+        (["--agent", "llm", "--api", "grpc"], "api"),
+    ],
+)
+def test_bad_flags_get_a_clear_message(examples_dir: Path, flag: list[str], says: str) -> None:
     proc = clotho("eval", str(examples_dir), *flag)
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from clotho.agent.base import AgentContext
 from clotho.agent.loop import AgentLimits, AgentLoop, ChatModel
 from clotho.agent.result import AgentResult
+from clotho.agent.token_model import per_rollout
 from clotho.tools.registry import Tool
 from clotho.tools.runtime import ToolRuntime
 
@@ -51,4 +52,5 @@ class LLMAgent:
                 }
             )
         messages.append({"role": "user", "content": ctx.instruction})
-        return await AgentLoop(self.model, self.tools, runtime, limits).run(messages)
+        model = per_rollout(self.model)  # a token backend keeps one ledger per run
+        return await AgentLoop(model, self.tools, runtime, limits).run(messages)

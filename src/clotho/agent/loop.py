@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from clotho.agent.result import AgentResult, StopReason, ToolErrorRecord, TurnTiming
 from clotho.chat.reasoning import split_reasoning
 from clotho.chat.types import ChatResponse
-from clotho.errors import ModelError, SandboxError
+from clotho.errors import AgentLimit, ModelError, SandboxError
 from clotho.tools.registry import Tool, describe_validation_error
 from clotho.tools.runtime import ToolFailure, ToolRuntime
 
@@ -74,6 +74,9 @@ class AgentLoop:
             result.stop_reason = "time_limit"
             _close_open_calls(result.messages, "the agent's time limit was reached")
         result.duration_s = time.perf_counter() - started
+        sequences = getattr(self.model, "sequences", None)
+        if callable(sequences):  # a token session: the exact training sequences
+            result.sequences = sequences(result.messages)
         return result
 
     async def _turns(self, result: AgentResult) -> StopReason:
@@ -88,6 +91,9 @@ class AgentLoop:
             except ModelError as exc:
                 result.error = str(exc)
                 return "model_error"
+            except AgentLimit as exc:  # e.g. the context is full
+                result.error = str(exc)
+                return "token_limit"
             result.turns += 1
             result.usage = result.usage + response.usage
             timing = TurnTiming(model_s=response.latency_s)
@@ -96,6 +102,9 @@ class AgentLoop:
             result.reasoning.append(reasoning)
             raw_calls = response.message.get("tool_calls") or []
             calls = [self._check(raw, result.turns, i) for i, raw in enumerate(raw_calls)]
+            # Calls a client-side parser could not read: the model is told, the rest still run.
+            for raw in response.message.get("invalid_tool_calls") or []:
+                calls.append(self._invalid(raw, result.turns, len(calls)))
             assistant: dict[str, Any] = {"role": "assistant", "content": content or ""}
             if calls:
                 assistant["tool_calls"] = [
@@ -133,6 +142,15 @@ class AgentLoop:
             call_id = f"{call_id}_{turn}_{index}"
         self._ids.add(call_id)
         return call_id
+
+    def _invalid(self, raw: Any, turn: int, index: int) -> _Call:
+        raw = raw if isinstance(raw, dict) else {}
+        name = raw.get("name") if isinstance(raw.get("name"), str) else ""
+        call = _Call(self._unique_id(None, turn, index), name, str(raw.get("raw", "")))
+        call.error = (
+            f"Error: {raw.get('error') or 'the tool call could not be parsed'}; nothing ran"
+        )
+        return call
 
     def _check(self, raw: Any, turn: int, index: int) -> _Call:
         raw = raw if isinstance(raw, dict) else {}

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from clotho.chat.ledger import TokenSequence
 from clotho.chat.types import Usage
 
 StopReason = Literal["finished", "max_turns", "time_limit", "token_limit", "model_error"]
@@ -34,3 +35,6 @@ class AgentResult(BaseModel):
     timings: list[TurnTiming] = Field(default_factory=list)
     duration_s: float = 0.0
     error: str | None = Field(None, description="the model error that stopped the run, if any")
+    sequences: list[TokenSequence] | None = Field(
+        None, description="token backends only: the exact training sequences (ids, masks, logprobs)"
+    )

@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from clotho.chat.client import ChatClient
+from clotho.agent.models import build_model
 from clotho.cli.config_io import apply_sets, load_config_file, merge
 from clotho.cli.signals import Terminated, cancel_on_signals
 from clotho.env.base import Environment
@@ -54,14 +54,13 @@ def build_environment(
     if "sandbox" in data:
         data["sandbox"].setdefault("backend", "local")
     config = cls.config_cls.model_validate(data)
-    client = ChatClient(config.model) if config.model else None
+    # Without a model in the config, the environment loads the embedded one when first needed.
+    client = build_model(config.model) if config.model else None
     return cls(config, model=client)
 
 
 async def _close(env: Environment[Any]) -> None:
     await env.close()
-    if isinstance(env.model, ChatClient):
-        await env.model.aclose()
 
 
 def _run(main: Any) -> None:

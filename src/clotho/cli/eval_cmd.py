@@ -103,7 +103,23 @@ def eval_command(
         Literal["llm", "oracle", "nop"] | None,
         typer.Option(help="who does the task (default: llm)"),
     ] = None,
-    model: Annotated[str | None, typer.Option(help="model name for --agent llm")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="model name for --agent llm (default: the embedded SmolLM2-135M)"),
+    ] = None,
+    api: Annotated[
+        Literal["chat", "vllm", "sglang", "local"] | None,
+        typer.Option(
+            help="chat: OpenAI chat completions; vllm / sglang: token ids in and out, exact "
+            "tokens and logprobs; local: the embedded model (default when no --base-url)"
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="tokenizer.json or its folder, for --api vllm/sglang")
+    ] = None,
+    tool_parser: Annotated[
+        str | None, typer.Option(help="tool-call format for token APIs (default: hermes)")
+    ] = None,
     base_url: Annotated[
         list[str] | None, typer.Option(help="OpenAI-compatible base URL; repeat to balance")
     ] = None,
@@ -167,6 +183,9 @@ def eval_command(
         }
         model_flags = {
             "model": model,
+            "api": api,
+            "tokenizer": tokenizer,
+            "tool_parser": tool_parser,
             "base_url": base_url,
             "api_key_env": api_key_env,
             "sampling": {

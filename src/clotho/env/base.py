@@ -20,11 +20,15 @@ from pydantic import BaseModel
 
 from clotho.agent.llm import DEFAULT_SYSTEM_PROMPT
 from clotho.agent.loop import AgentLimits, AgentLoop, ChatModel
+from clotho.agent.models import build_model
 from clotho.agent.result import AgentResult
+from clotho.agent.token_model import per_rollout
+from clotho.chat.client import ModelConfig
+from clotho.chat.ledger import NOT_SAMPLED
 from clotho.env.config import EnvConfig
 from clotho.env.context import ToolContext
 from clotho.env.scored import MASKED, GroupStats, ScoredGroup
-from clotho.errors import ClothoError, ConfigError, InfraError
+from clotho.errors import ClothoError, InfraError
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import SandboxConfig
 from clotho.sandbox.pool import SlotPool
@@ -135,8 +139,8 @@ class Environment(abc.ABC, Generic[Item]):
 
     async def rollout(self, item: Item, tools: Sequence[Tool]) -> Rollout:
         """One rollout in its own sandbox from the pool, released in `finally`."""
-        if self.model is None:
-            raise ConfigError("this environment needs a model: set `model` in its config")
+        if self.model is None:  # built from the config; no endpoint: the embedded model
+            self.model = build_model(self.config.model or ModelConfig(api="local"))
         pool = self._require_pool()
         messages: list[dict[str, Any]] = []
         try:
@@ -151,7 +155,8 @@ class Environment(abc.ABC, Generic[Item]):
                 time_limit_s=self.config.time_limit_s,
                 max_total_tokens=self.config.max_total_tokens,
             )
-            loop = AgentLoop(self.model, tools, ToolRuntime(sandbox=sandbox), limits)
+            model = per_rollout(self.model)
+            loop = AgentLoop(model, tools, ToolRuntime(sandbox=sandbox), limits)
             result = await loop.run(messages)
             if result.stop_reason == "model_error":
                 return Rollout(
@@ -220,32 +225,50 @@ class Environment(abc.ABC, Generic[Item]):
         return self._tokenizer.tokens_and_masks(messages, tools=[t.schema() for t in tools] or None)
 
     def score_group(self, rollouts: list[Rollout], tools: Sequence[Tool]) -> ScoredGroup | None:
+        """One row per training sequence: exact ledger sequences from a token backend, else
+        the chat template's tokens and masks (phase 1). A rollout whose template rewrote
+        earlier turns gives several rows, each with the rollout's score."""
+        rows: list[tuple[Rollout, list[int], list[int], list[float] | None]] = []
+        for rollout in rollouts:
+            sequences = rollout.agent.sequences if rollout.agent is not None else None
+            if sequences is not None:
+                rows.extend((rollout, s.tokens, s.masks, s.logprobs) for s in sequences)
+            else:
+                ids, mask = self.tokenize(rollout.messages, tools)
+                rows.append((rollout, ids, mask, None))
+        limit = self.config.max_token_length
         tokens: list[list[int]] = []
         masks: list[list[int]] = []
-        limit = self.config.max_token_length
-        for rollout in rollouts:
-            ids, mask = self.tokenize(rollout.messages, tools)
+        logprobs: list[list[float]] = []
+        for _, ids, mask, lps in rows:
             if limit is not None and len(ids) > limit:
                 if self.config.overlong == "drop":
                     return None
-                ids, mask = ids[:limit], mask[:limit]
+                ids, mask, lps = ids[:limit], mask[:limit], lps[:limit] if lps else lps
                 self.stats.truncated += 1
             tokens.append(ids)
             masks.append(mask)
+            logprobs.append(lps if lps is not None else [NOT_SAMPLED] * len(ids))
+        exact = all(lps is not None for *_, lps in rows)
         sampling = (
             self.config.model.sampling.model_dump(exclude_none=True) if self.config.model else {}
         )
         return ScoredGroup(
             tokens=tokens,
             masks=masks,
-            scores=[float(r.reward or 0.0) for r in rollouts],
-            messages=[r.messages for r in rollouts],
+            scores=[float(r.reward or 0.0) for r, *_ in rows],
+            inference_logprobs=logprobs if exact and rows else None,
+            messages=[r.messages for r, *_ in rows],
             generation_params=sampling or None,
         )
 
     async def close(self) -> None:
+        """Close the pool and the model client."""
         if self.pool is not None:
             await self.pool.close()
+        aclose = getattr(self.model, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 __all__ = ["MASKED", "Environment", "Rollout"]

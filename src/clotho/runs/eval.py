@@ -8,13 +8,14 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from clotho.agent.base import Agent
 from clotho.agent.llm import LLMAgent
 from clotho.agent.loop import AgentLimits
+from clotho.agent.models import build_model
 from clotho.agent.reference import NopAgent, OracleAgent
-from clotho.chat.client import ChatClient
-from clotho.errors import ConfigError
+from clotho.chat.client import ModelConfig
 from clotho.runs.metrics import compute_metrics, latest
 from clotho.runs.records import EvalConfig, RunMetrics, TrialDetail, TrialRecord
 from clotho.runs.store import RunStore
@@ -28,14 +29,14 @@ from clotho.tools.builtin import default_registry
 Listener = Callable[[str, object], None]
 
 
-def build_agent(config: EvalConfig) -> tuple[Agent, ChatClient | None]:
+def build_agent(config: EvalConfig) -> tuple[Agent, Any]:
+    """The agent, and the model client to close afterwards (None for reference agents)."""
     if config.agent == "oracle":
         return OracleAgent(), None
     if config.agent == "nop":
         return NopAgent(), None
-    if config.model is None:
-        raise ConfigError("--agent llm needs a model: pass --model and --base-url")
-    client = ChatClient(config.model)
+    # No endpoint configured: the embedded local model.
+    client = build_model(config.model or ModelConfig(api="local"))
     tools = default_registry().resolve(config.toolsets)
     agent = LLMAgent(client, tools, AgentLimits(max_turns=config.max_turns))
     return agent, client

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
@@ -25,7 +25,9 @@ class EvalConfig(BaseModel):
     schema_version: Literal[1] = 1
     paths: list[str]
     agent: Literal["llm", "oracle", "nop"] = "llm"
-    model: ModelConfig | None = None
+    model: ModelConfig | None = Field(
+        None, description="None: the embedded local model (SmolLM2-135M-Instruct, extra `local`)"
+    )
     sandbox: SandboxConfig = Field(default_factory=LocalSandboxConfig)
     concurrency: int = Field(4, ge=1)
     attempts: int = Field(1, ge=1)
@@ -37,12 +39,6 @@ class EvalConfig(BaseModel):
     force_build: bool = Field(False, description="rebuild task images even if cached")
     prewarm: bool = Field(True, description="start upcoming trials' sandboxes ahead of time")
     toolsets: list[str] = Field(default_factory=lambda: ["terminal", "file"])
-
-    @model_validator(mode="after")
-    def _model_for_llm(self) -> EvalConfig:
-        if self.agent == "llm" and self.model is None:
-            raise ValueError("agent 'llm' needs a model: pass --model (and --base-url)")
-        return self
 
 
 class TrialRecord(BaseModel):

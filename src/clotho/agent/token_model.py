@@ -1,0 +1,146 @@
+"""Phase 2: the agent loop on a token-in/token-out backend, with exact tokens and logprobs.
+
+`TokenModel` is shared by every rollout (backend, tokenizer, chat template, tool-call
+parser name). Each rollout gets a `TokenChatSession` from `session()`: the agent loop talks to
+it as to any chat model, while it keeps the rollout's `TokenLedger`, sends only token ids to
+the backend, and parses the sampled text into content and tool calls client-side. Calls the
+parser could not read are handed to the loop as invalid calls, so the model is told what was
+wrong, and the other calls of the turn still run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from clotho.chat.ledger import OnBreak, TokenLedger, TokenSequence, stop_token_ids
+from clotho.chat.parsers import get_parser
+from clotho.chat.reasoning import split_reasoning
+from clotho.chat.tokenizer import TemplateTokenizer
+from clotho.chat.tokens import TokenClient, TokenSampling
+from clotho.chat.types import ChatResponse, Usage
+from clotho.errors import AgentLimit
+
+
+class ContextFull(AgentLimit):
+    """The conversation filled the model's context: the rollout ends with `token_limit`."""
+
+
+class TokenModel:
+    """A token backend with the model's tokenizer, template and tool-call format."""
+
+    def __init__(
+        self,
+        client: TokenClient,
+        tokenizer: TemplateTokenizer,
+        *,
+        tool_parser: str = "hermes",
+        sampling: TokenSampling | None = None,
+        max_context_tokens: int | None = None,
+        on_break: OnBreak = "split",
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.tool_parser = tool_parser
+        self.template_kwargs = dict(template_kwargs or {})
+        base = sampling or TokenSampling()
+        if not base.stop_token_ids:
+            base = base.model_copy(
+                update={"stop_token_ids": stop_token_ids(tokenizer, self.template_kwargs)}
+            )
+        self.sampling = base
+        self.max_context_tokens = max_context_tokens
+        self.on_break: OnBreak = on_break
+        get_parser(tool_parser)  # an unknown format fails now, not in the first rollout
+
+    def session(self) -> TokenChatSession:
+        """A fresh ledger and parser for one rollout."""
+        return TokenChatSession(self)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class TokenChatSession:
+    """One rollout's chat model: renders, generates from ids, parses, and keeps the ledger."""
+
+    def __init__(self, model: TokenModel) -> None:
+        self.model = model
+        self.ledger: TokenLedger | None = None
+        self._parser: Any = None
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> ChatResponse:
+        model = self.model
+        if self.ledger is None:
+            self.ledger = TokenLedger(
+                model.tokenizer,
+                tools,
+                on_break=model.on_break,
+                template_kwargs=model.template_kwargs,
+            )
+            self._parser = get_parser(model.tool_parser, tools=tools)
+        prompt = self.ledger.prompt(messages)
+        sampling = model.sampling
+        if model.max_context_tokens is not None:
+            room = model.max_context_tokens - len(prompt)
+            if room <= 0:
+                raise ContextFull(
+                    f"the prompt has {len(prompt)} tokens, the context {model.max_context_tokens}"
+                )
+            if room < sampling.max_tokens:
+                sampling = sampling.model_copy(update={"max_tokens": room})
+        started = time.perf_counter()
+        generation = await model.client.generate(prompt, sampling)
+        self.ledger.record(generation)
+        ids = list(generation.token_ids)
+        if ids and ids[-1] in sampling.stop_token_ids:
+            ids = ids[:-1]
+        text = model.tokenizer.decode(ids)
+        reasoning, content = split_reasoning({"content": text})
+        parsed = self._parser.parse(content or "")
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or ""}
+        calls = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _json(call.arguments)},
+            }
+            for call in parsed.calls
+        ]
+        if calls:
+            message["tool_calls"] = calls
+        if parsed.errors:
+            message["invalid_tool_calls"] = [
+                {"name": e.name or "", "raw": e.raw, "error": e.message} for e in parsed.errors
+            ]
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        n = len(generation.token_ids)
+        return ChatResponse(
+            message=message,
+            finish_reason=generation.finish_reason,
+            usage=Usage(
+                prompt_tokens=len(prompt), completion_tokens=n, total_tokens=len(prompt) + n
+            ),
+            latency_s=generation.latency_s or time.perf_counter() - started,
+        )
+
+    def sequences(self, messages: Sequence[dict[str, Any]]) -> list[TokenSequence]:
+        """The rollout's training sequences, given its final conversation (the agent's)."""
+        if self.ledger is None:
+            return []
+        return self.ledger.finish(messages)
+
+
+def per_rollout(model: Any) -> Any:
+    """The chat model one rollout talks to: a fresh session of a `TokenModel`, else itself."""
+    return model.session() if isinstance(model, TokenModel) else model
+
+
+def _json(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, ensure_ascii=False)
