@@ -240,7 +240,8 @@ def test_sigterm_keeps_results_and_leaves_no_container(
     proc = start_eval(tmp_path / "tasks", out, log, concurrency=4)
     try:
         wait_for(
-            lambda: len(results(out)) == 2 and len(running(out)) == 2,
+            # >= 2: the pool may keep a quick task's container warm, or start its replacement.
+            lambda: len(results(out)) == 2 and len(running(out)) >= 2,
             60,
             "the quick tasks to finish while the slow ones run",
         )
