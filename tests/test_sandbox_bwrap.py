@@ -433,3 +433,13 @@ async def test_transfer_mount_is_internal(sandbox: BwrapSandbox) -> None:
     r = await sandbox.exec(f"ls -A {XFER_MOUNT}")
     assert r.exit_code == 0
     assert r.stdout == ""
+
+
+async def test_a_failed_file_transfer_keeps_the_session_shell(sandbox: BwrapSandbox) -> None:
+    """Transfers run in a subshell: their early `exit` must not end the agent's shell."""
+    await sandbox.exec("export KEPT=yes; mkdir -p /tmp/here")
+    with pytest.raises(FileNotFoundError):
+        await sandbox.read_file("/app/missing.txt")
+    with pytest.raises(IsADirectoryError):
+        await sandbox.write_file("/tmp/here", b"x")
+    assert (await sandbox.exec("echo $KEPT")).stdout == "yes\n"

@@ -137,7 +137,8 @@ class BwrapSandbox(ShellBackedSandbox):
         return self.state / "xfer" / name, f"{XFER_MOUNT}/{name}"
 
     async def _transfer(self, script: str, what: str) -> ExecResult:
-        result = await self._shell.run(script)
+        # A subshell: the script's `exit` must not end the session shell (and its state).
+        result = await self._shell.run(f"( {script}\n)")
         if result.exit_code == _NOT_FOUND:
             raise FileNotFoundError(f"no such file or directory in the sandbox: {what}")
         if result.exit_code == _IS_DIR:
