@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from clotho.chat.http import BalancedPoster
 from clotho.chat.types import ChatResponse, Usage
@@ -37,9 +37,11 @@ class ModelConfig(BaseModel):
 
     model: str = EMBEDDED_MODEL
     api: ModelApi = Field(
-        "chat",
+        None,  # type: ignore[assignment]  # resolved by _default_api
         description="chat: /v1/chat/completions; vllm: /v1/completions with token ids; "
-        "sglang: /generate; local: the embedded SmolLM2 model, in-process",
+        "sglang: /generate; local: the embedded SmolLM2 model, in-process. Default: chat "
+        "when a base_url or another model is given, else local",
+        validate_default=False,
     )
     tokenizer: str | None = Field(
         None, description="token APIs: tokenizer.json or its folder (with the chat template)"
@@ -70,6 +72,14 @@ class ModelConfig(BaseModel):
     unhealthy_cooldown_s: float = 30.0
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _default_api(self) -> ModelConfig:
+        """No protocol named: an endpoint or a model name means chat, neither the embedded model."""
+        if self.api is None:
+            named = "base_url" in self.model_fields_set or self.model != EMBEDDED_MODEL
+            self.api = "chat" if named else "local"
+        return self
 
     @property
     def base_urls(self) -> list[str]:

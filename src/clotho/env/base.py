@@ -140,7 +140,7 @@ class Environment(abc.ABC, Generic[Item]):
     async def rollout(self, item: Item, tools: Sequence[Tool]) -> Rollout:
         """One rollout in its own sandbox from the pool, released in `finally`."""
         if self.model is None:  # built from the config; no endpoint: the embedded model
-            self.model = build_model(self.config.model or ModelConfig(api="local"))
+            self.model = build_model(self.config.model or ModelConfig())
         pool = self._require_pool()
         messages: list[dict[str, Any]] = []
         try:

@@ -36,7 +36,7 @@ def build_agent(config: EvalConfig) -> tuple[Agent, Any]:
     if config.agent == "nop":
         return NopAgent(), None
     # No endpoint configured: the embedded local model.
-    client = build_model(config.model or ModelConfig(api="local"))
+    client = build_model(config.model or ModelConfig())
     tools = default_registry().resolve(config.toolsets)
     agent = LLMAgent(client, tools, AgentLimits(max_turns=config.max_turns))
     return agent, client
