@@ -7,6 +7,12 @@ SGLang's shapes field by field) and through clotho's own `SglangTokenClient`.
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -157,3 +163,40 @@ def test_health_and_model_info(server: TokenServer) -> None:
     info = httpx.get(f"{server.base_url}/get_model_info").json()
     assert info == {"model_path": "smollm2", "is_generation": True}
     assert server.base_url.startswith("http://127.0.0.1:")
+
+
+def test_serve_model_command_serves_the_embedded_model(
+    model: tuple[LlamaCppTokenClient, TemplateTokenizer], prompt: list[int]
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clotho", "serve-model", "--port", str(port), "--n-ctx", "512"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()  # type: ignore[union-attr]
+            time.sleep(0.2)
+        body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+        reply = httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=60).json()
+        client, _ = model
+        expected = client.end_of_turn_ids
+        assert 1 <= len(reply["output_ids"]) <= 4
+        assert reply["meta_info"]["finish_reason"]["type"] in {"stop", "length"}
+        if reply["meta_info"]["finish_reason"]["type"] == "stop":
+            assert reply["output_ids"][-1] in expected
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    assert "serving" in stderr and "Traceback" not in stderr
