@@ -697,3 +697,12 @@ def test_unknown_tool_names_are_left_to_the_agent_loop() -> None:
     )
     assert pairs(result) == [("no_such_tool", {})]
     assert "'two words' is not a tool name" in result.errors[0].message
+
+
+def test_vllm_spelling_of_deepseek_v31_is_the_same_parser() -> None:
+    text = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>terminal<｜tool▁sep｜>"
+        '{"command": "ls"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+    )
+    parsed = get_parser("deepseek_v31").parse(text)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("terminal", {"command": "ls"})]

@@ -42,6 +42,10 @@ class UnknownParserError(ValueError):
     """No tool-call parser has this name."""
 
 
+# Other spellings of the same formats (vLLM's `--tool-call-parser deepseek_v31`, the seed's).
+ALIASES: dict[str, str] = {"deepseek_v31": "deepseek_v3_1"}
+
+
 def list_parsers() -> list[str]:
     return sorted(PARSERS)
 
@@ -50,7 +54,7 @@ def get_parser(name: str, tools: list[dict[str, Any]] | None = None) -> ToolCall
     """A new parser for one trajectory; `tools` are the OpenAI tool schemas, used to type
     the values of the XML formats."""
     try:
-        cls = PARSERS[name]
+        cls = PARSERS[ALIASES.get(name, name)]
     except KeyError:
         known = ", ".join(list_parsers())
         raise UnknownParserError(f"no tool-call parser named {name!r}; known: {known}") from None
