@@ -34,8 +34,12 @@ demo: system-deps $(STAMP)
 	@echo "== evaluating the oracle agent on the bundled tasks"
 	@rm -rf runs/demo
 	$(BIN)/clotho eval examples/tasks --agent oracle --out runs/demo
+	@echo "== the embedded model (SmolLM2-135M, token-in/token-out, on this CPU) as the agent"
+	@rm -rf runs/demo-llm
+	$(BIN)/clotho eval examples/tasks --agent llm --max-turns 4 --max-tokens 256 --out runs/demo-llm
 	@echo
-	@echo "To evaluate a model, point clotho at any OpenAI-compatible endpoint, e.g.:"
+	@echo "A 135M model rarely solves these: point clotho at a real one, e.g. any OpenAI-compatible"
+	@echo "endpoint (--base-url), or token-in/token-out with exact tokens (--api vllm|sglang):"
 	@echo "  $(BIN)/clotho eval examples/tasks --agent llm --model Qwen/Qwen3-8B \\"
 	@echo "      --base-url http://127.0.0.1:8000/v1 --api-key-env OPENAI_API_KEY"
 
