@@ -6,6 +6,8 @@ PYTHON ?= python3
 # llama.cpp for the embedded model, compiled once into a wheel cache shared by every checkout.
 LLAMA_CPP_VERSION := 0.3.36
 WHEELS ?= $(HOME)/.cache/clotho/wheels
+# Upstream atroposlib, kept apart from .venv, for the trajectory API compatibility tests.
+ATROPOS_VENV ?= $(HOME)/.cache/clotho/atropos-venv
 
 .PHONY: demo test lint format system-deps docker-deps clean
 
@@ -53,7 +55,8 @@ format: $(STAMP)
 
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
 test: system-deps docker-deps $(STAMP) lint
-	@$(BIN)/pytest -q -ra; rc=$$?; \
+	@bash scripts/atropos-venv.sh $(ATROPOS_VENV)
+	@CLOTHO_ATROPOS_VENV=$(ATROPOS_VENV) $(BIN)/pytest -q -ra; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean:

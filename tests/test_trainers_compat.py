@@ -1,9 +1,8 @@
 """Our client and scripted trainer against upstream `run-api` (atroposlib), if installed.
 
 The upstream package pulls in a heavy dependency tree, so it lives in its own virtual
-environment, never the project's. Create it with
-`python3 -m venv /tmp/atropos-venv && /tmp/atropos-venv/bin/pip install atroposlib`
-(or point CLOTHO_ATROPOS_VENV at another one); without it this test is skipped.
+environment, never the project's: `make test` builds it once (`scripts/atropos-venv.sh`,
+in ~/.cache/clotho/atropos-venv, or CLOTHO_ATROPOS_VENV); without it these tests skip.
 """
 
 from __future__ import annotations
@@ -22,13 +21,14 @@ from tests.test_trainers_support import ScriptedTrainer, check_batch, free_port,
 from clotho.trainers.client import ApiClientConfig, AtroposClient
 from clotho.trainers.protocol import RegisterEnv
 
-VENV = Path(os.environ.get("CLOTHO_ATROPOS_VENV", "/tmp/atropos-venv"))
+VENV = Path(
+    os.environ.get("CLOTHO_ATROPOS_VENV", Path.home() / ".cache" / "clotho" / "atropos-venv")
+)
 RUN_API = VENV / "bin" / "run-api"
 
 pytestmark = pytest.mark.skipif(
     not RUN_API.exists(),
-    reason=f"upstream atroposlib not installed at {VENV} (python3 -m venv {VENV} && "
-    f"{VENV}/bin/pip install atroposlib)",
+    reason=f"upstream atroposlib not installed at {VENV} (bash scripts/atropos-venv.sh {VENV})",
 )
 
 
