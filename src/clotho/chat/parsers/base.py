@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -118,6 +119,21 @@ def error_extent(
     if nxt >= 0:
         return nxt, False
     return len(text), True
+
+
+def scan_blocks(
+    text: str, turn: Turn, start_marker: str, read_call: Callable[[str, int, Turn], int]
+) -> None:
+    """Prose between calls that open with `start_marker`: each call is read by
+    `read_call(text, start, turn)`, which reports it to `turn` and returns where it ends."""
+    pos = 0
+    while True:
+        start = text.find(start_marker, pos)
+        if start < 0:
+            turn.text(text[pos:])
+            return
+        turn.text(text[pos:start])
+        pos = read_call(text, start, turn)
 
 
 class Turn:

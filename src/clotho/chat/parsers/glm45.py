@@ -31,6 +31,7 @@ from clotho.chat.parsers.base import (
     error_extent,
     find_first,
     ran_out,
+    scan_blocks,
 )
 from clotho.chat.parsers.xml_args import typed_arguments
 
@@ -53,21 +54,18 @@ class Glm45Parser(ToolCallParser):
     )
 
     def _scan(self, text: str, turn: Turn) -> None:
-        pos = 0
-        while True:
-            start = text.find(self.START, pos)
-            if start < 0:
-                turn.text(text[pos:])
-                return
-            turn.text(text[pos:start])
-            body = start + len(self.START)
-            try:
-                name, args, pos = self._read(text, body)
-            except Malformed as e:
-                pos, cut = error_extent(text, body, self.END, (self.START,), e.truncated)
-                turn.error(text[start:pos], e.problem, e.name, truncated=cut)
-                continue
-            turn.call(name, args, text[start:pos])
+        scan_blocks(text, turn, self.START, self._call)
+
+    def _call(self, text: str, start: int, turn: Turn) -> int:
+        body = start + len(self.START)
+        try:
+            name, args, end = self._read(text, body)
+        except Malformed as e:
+            stop, cut = error_extent(text, body, self.END, (self.START,), e.truncated)
+            turn.error(text[start:stop], e.problem, e.name, truncated=cut)
+            return stop
+        turn.call(name, args, text[start:end])
+        return end
 
     def _read(self, text: str, body: int) -> tuple[str, dict[str, Any], int]:
         name_end, _ = find_first(text, (self.KEY, self.END), body)

@@ -11,6 +11,7 @@ from clotho.chat.parsers.base import (
     Turn,
     error_extent,
     ran_out,
+    scan_blocks,
     skip_space,
 )
 from clotho.chat.parsers.json_args import ArgumentsProblem, JsonProblem, call_fields, decode_at
@@ -23,14 +24,7 @@ class TaggedJsonParser(ToolCallParser):
     END: ClassVar[str]
 
     def _scan(self, text: str, turn: Turn) -> None:
-        pos = 0
-        while True:
-            start = text.find(self.START, pos)
-            if start < 0:
-                turn.text(text[pos:])
-                return
-            turn.text(text[pos:start])
-            pos = self._call(text, start, turn)
+        scan_blocks(text, turn, self.START, self._call)
 
     def _call(self, text: str, start: int, turn: Turn) -> int:
         body = start + len(self.START)
