@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Tests send Ctrl-C (SIGINT) to the commands they start. A shell starts background jobs with
+# SIGINT ignored, and an ignored signal stays ignored in every child: catch it here so that
+# children start with the default (Python's KeyboardInterrupt), however pytest was launched.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 EXAMPLES = REPO / "examples" / "tasks"
 
 requires_bwrap = pytest.mark.skipif(
