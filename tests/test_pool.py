@@ -244,7 +244,8 @@ async def test_idle_sandbox_of_another_config_is_evicted_at_max_size(
         b = await asyncio.wait_for(pool.acquire(config_b), 10)
         assert (await b.exec('echo "$WHICH"')).stdout == "b\n"
         assert await wait_until(lambda: not state_dir(a).exists())
-        assert pool.stats()["destroyed"] == 1
+        # close() removes the state folder before it returns and the count goes up.
+        assert await wait_until(lambda: pool.stats()["destroyed"] == 1)
         assert pool.stats()["idle"] == 0 and pool.stats()["in_use"] == 1
         await pool.release(b)
 
@@ -268,7 +269,8 @@ async def test_unhealthy_idle_sandbox_is_replaced(
         assert (await second.exec("echo fresh")).stdout == "fresh\n"
         assert opener.calls == 2
         assert await wait_until(lambda: not state_dir(first).exists())
-        assert pool.stats()["destroyed"] == 1 and pool.stats()["in_use"] == 1
+        assert await wait_until(lambda: pool.stats()["destroyed"] == 1)
+        assert pool.stats()["in_use"] == 1
         await pool.release(second)
 
 
@@ -283,7 +285,7 @@ async def test_idle_timeout_retires_idle_sandboxes_only(
         assert pool.stats()["idle"] == 1
         assert await wait_until(lambda: pool.stats()["idle"] == 0, timeout=3)
         assert await wait_until(lambda: not state_dir(idle).exists())
-        assert pool.stats()["destroyed"] == 1
+        assert await wait_until(lambda: pool.stats()["destroyed"] == 1)
         await asyncio.sleep(0.5)
         assert (await busy.exec("echo still here")).stdout == "still here\n"
         assert pool.stats()["in_use"] == 1

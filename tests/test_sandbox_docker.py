@@ -451,6 +451,46 @@ async def test_image_without_bash_falls_back_to_sh(docker: Any, tmp_path: Path) 
         await docker.images.delete(tag, force=True)
 
 
+async def test_the_shell_is_the_containers_own_process(docker: Any) -> None:
+    """No exec to start a sandbox: the container's command is the shell (on the FIFOs)."""
+    sb = await DockerSandbox.create(DockerSandboxConfig(), docker=docker)
+    try:
+        info = await inspect(docker, sb)
+        assert (
+            info["Config"]["Cmd"][:2] == ["sh", "-c"]
+            and "clotho-shell:" in info["Config"]["Cmd"][2]
+        )
+        assert not info.get("ExecIDs")
+        await sb.exec("export KEPT=yes")  # a session shell: bash was found and announced
+        assert (await sb.exec("echo $KEPT $HOME; pwd")).stdout == "yes /root\n/app\n"
+        shell_pid = sb._shell.pid
+        assert shell_pid is not None and proctree.comm(shell_pid) == "bash"
+        assert proctree.comm(info["State"]["Pid"]) == "docker-init"  # pid 1 reaps zombies
+    finally:
+        await sb.close()
+
+
+async def test_an_images_entrypoint_still_runs(docker: Any, tmp_path: Path) -> None:
+    """An image with an ENTRYPOINT keeps it: the container runs `sleep infinity` through it
+    and the shell is exec'd, as `docker compose` would run the task's service."""
+    from clotho.sandbox.docker.images import build_image
+
+    (tmp_path / "Dockerfile").write_text(
+        "FROM clotho/base:bookworm\n"
+        'ENTRYPOINT ["/bin/sh", "-c", "echo entry > /tmp/entry-ran; exec \\"$@\\"", "--"]\n'
+    )
+    tag = await build_image(docker, tmp_path, f"clotho-test/entrypoint:{secrets.token_hex(4)}")
+    try:
+        sb = await DockerSandbox.create(DockerSandboxConfig(image=tag), docker=docker)
+        try:
+            assert (await sb.exec("cat /tmp/entry-ran")).stdout == "entry\n"
+            assert (await inspect(docker, sb))["Config"]["Cmd"] == ["sleep", "infinity"]
+        finally:
+            await sb.close()
+    finally:
+        await docker.images.delete(tag, force=True)
+
+
 @pytest.mark.parametrize("stdio", ["fifo", "attach"])
 async def test_both_stdio_paths_run_commands(docker: Any, stdio: str) -> None:
     sb = await DockerSandbox.create(DockerSandboxConfig(stdio=stdio), docker=docker)

@@ -26,7 +26,7 @@ from clotho.sandbox import exit_cleanup
 from clotho.sandbox.config import DockerSandboxConfig, base_env
 from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
-from clotho.sandbox.docker.fifo import DockerFifoChannel, make_fifos
+from clotho.sandbox.docker.fifo import DockerFifoChannel, main_shell_command, make_fifos
 from clotho.sandbox.leases import lease_labels
 from clotho.sandbox.shell import PersistentShell, ShellChannel
 from clotho.sandbox.shell_backed import ShellBackedSandbox
@@ -64,6 +64,24 @@ def container_body(
         "Labels": {LABEL: "1", **lease_labels(lease_s), **labels},
         "HostConfig": host,
     }
+
+
+_ENTRYPOINTS: dict[str, bool] = {}  # image reference -> has an entrypoint (asked once)
+
+
+async def _has_entrypoint(docker: Any, image: str) -> bool:
+    """Whether the image wraps its command in an entrypoint. Such an image keeps the image's
+    own start-up: its container runs `sleep infinity` through the entrypoint and the shell is
+    exec'd, instead of being the container's first process."""
+    from aiodocker.exceptions import DockerError
+
+    if image not in _ENTRYPOINTS:
+        try:
+            info = await docker.images.inspect(image)
+        except DockerError:
+            return False  # creating the container reports a missing image clearly
+        _ENTRYPOINTS[image] = bool((info.get("Config") or {}).get("Entrypoint"))
+    return _ENTRYPOINTS[image]
 
 
 def _tar_of(local: Path, arcname: str) -> bytes:
@@ -110,7 +128,6 @@ class DockerSandbox(ShellBackedSandbox):
         docker: Any = None,
         lease_s: float = 6 * 3600,
     ) -> DockerSandbox:
-        from aiodocker.exceptions import DockerError
 
         if config.slots_per_container > 1:
             return await cls._create_slot(config, labels, docker=docker, lease_s=lease_s)
@@ -126,13 +143,15 @@ class DockerSandbox(ShellBackedSandbox):
                 io_dir = make_state_dir(config.state_dir, labels, lease_s)
                 make_fifos(io_dir)
                 body["HostConfig"]["Binds"] = [f"{io_dir}:{FIFO_MOUNT}"]
-            try:
-                container = await docker.containers.create(
-                    body, name=f"clotho-{secrets.token_hex(6)}"
-                )
-                await container.start()
-            except DockerError as exc:
-                raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
+                shell = None
+                if not await _has_entrypoint(docker, config.image):
+                    container, shell = await cls._main_shell(docker, body, config, io_dir)
+                if shell is not None:
+                    sandbox = cls(config, docker, container, shell, labels, owns_client)
+                    sandbox.io_dir = io_dir
+                    return sandbox
+                make_fifos(io_dir, replace=True)  # the image cannot run it: exec a shell
+            container = await cls._start_container(docker, body, config)
             try:
                 shell = await cls._start_shell(container, config, "bash", io_dir)
             except SandboxError:
@@ -152,6 +171,67 @@ class DockerSandbox(ShellBackedSandbox):
         sandbox = cls(config, docker, container, shell, labels, owns_client)
         sandbox.io_dir = io_dir
         return sandbox
+
+    @staticmethod
+    async def _start_container(
+        docker: Any, body: dict[str, Any], config: DockerSandboxConfig
+    ) -> Any:
+        from aiodocker.exceptions import DockerError
+
+        try:
+            container = await docker.containers.create(body, name=f"clotho-{secrets.token_hex(6)}")
+        except DockerError as exc:
+            raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
+        try:
+            await container.start()
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(container.delete(force=True))
+            if isinstance(exc, DockerError):
+                raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
+            raise
+        return container
+
+    @staticmethod
+    async def _main_shell(
+        docker: Any, body: dict[str, Any], config: DockerSandboxConfig, io_dir: Path
+    ) -> tuple[Any, PersistentShell | None]:
+        """A container whose first process is the shell (no exec round trips). Returns no
+        shell, and no container, when the image cannot run it (no `sh`, an entrypoint)."""
+        from aiodocker.exceptions import DockerError
+
+        env = base_env("/root", config.env)
+        body = {
+            **body,
+            "Cmd": main_shell_command(),
+            "Env": [f"{k}={v}" for k, v in env.items()],
+        }
+        try:
+            container = await docker.containers.create(body, name=f"clotho-{secrets.token_hex(6)}")
+        except DockerError as exc:
+            raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
+        channel = DockerFifoChannel(
+            container, io_dir, env=env, workdir=config.workdir, main_process=True
+        )
+        try:
+            await channel.open()
+            shell = PersistentShell(
+                channel=channel,
+                max_output_bytes=config.max_output_bytes,
+                session=config.shell == "session" and channel.shell_name == "bash",
+            )
+            await shell.start()
+        except SandboxError:
+            await channel.close()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(container.delete(force=True))
+            return None, None
+        except BaseException:
+            await channel.close()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(container.delete(force=True))
+            raise
+        return container, shell
 
     @staticmethod
     async def _create_slot(
