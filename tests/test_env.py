@@ -31,17 +31,20 @@ ANSWERS = {"greeting.txt": "Hello from clotho", "count.txt": "1\n2\n3\n4\n5\n", 
 
 
 def solver(wrong_every: int = 0) -> Any:
-    """A scripted model: writes the right file (or, every Nth rollout, a wrong one)."""
-    calls = {"n": 0}
+    """A scripted model: writes the right file (or, for every Nth rollout of the same task, a
+    wrong one). Counted per task, so a group's rollouts alternate even when groups of other
+    tasks run at the same time."""
+    calls: dict[str, int] = {}
 
     def reply(body: dict[str, Any]) -> dict[str, Any]:
         messages = body["messages"]
         if messages[-1]["role"] != "user":
             return assistant("done")
-        calls["n"] += 1
-        path = re.search(r"/app/\w+\.txt", messages[-1]["content"]).group(0)  # type: ignore[union-attr]
+        task = messages[-1]["content"]
+        calls[task] = calls.get(task, 0) + 1
+        path = re.search(r"/app/\w+\.txt", task).group(0)  # type: ignore[union-attr]
         content = ANSWERS.get(path.rsplit("/", 1)[1], "42")
-        if wrong_every and calls["n"] % wrong_every == 0:
+        if wrong_every and calls[task] % wrong_every == 0:
             content = "nope"
         return assistant("", [tool_call("write_file", {"path": path, "content": content})])
 
