@@ -18,10 +18,9 @@ import uuid
 from pathlib import Path
 
 from clotho.errors import SandboxError
-from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import LocalSandboxConfig, base_env
 from clotho.sandbox.shell import PersistentShell
-from clotho.sandbox.shell_backed import ShellBackedSandbox
+from clotho.sandbox.shell_backed import IS_DIR_EXIT, NOT_FOUND_EXIT, ShellBackedSandbox
 from clotho.sandbox.state import make_state_dir, remove_state_dir
 
 XFER_MOUNT = "/.clotho"
@@ -37,7 +36,6 @@ INSTALL_HINT = (
 )
 
 # Exit codes our own file-transfer scripts use.
-_NOT_FOUND, _IS_DIR = 80, 81
 
 
 def _ro_root_args() -> list[str]:
@@ -136,24 +134,13 @@ class BwrapSandbox(ShellBackedSandbox):
         name = uuid.uuid4().hex
         return self.state / "xfer" / name, f"{XFER_MOUNT}/{name}"
 
-    async def _transfer(self, script: str, what: str) -> ExecResult:
-        # A subshell: the script's `exit` must not end the session shell (and its state).
-        result = await self._shell.run(f"( {script}\n)")
-        if result.exit_code == _NOT_FOUND:
-            raise FileNotFoundError(f"no such file or directory in the sandbox: {what}")
-        if result.exit_code == _IS_DIR:
-            raise IsADirectoryError(f"is a directory: {what}")
-        if result.exit_code != 0:
-            raise OSError(f"file transfer failed for {what}: {result.stderr.strip()}")
-        return result
-
     async def read_file(self, path: str) -> bytes:
         path = self.resolve(path)
         host, inner = self._xfer_name()
         q = shlex.quote(path)
         try:
             await self._transfer(
-                f"[ -e {q} ] || exit {_NOT_FOUND}; [ -d {q} ] && exit {_IS_DIR}; "
+                f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; "
                 f"cat -- {q} > {inner}",
                 path,
             )
@@ -173,7 +160,7 @@ class BwrapSandbox(ShellBackedSandbox):
         q = shlex.quote(path)
         try:
             await self._transfer(
-                f'[ -d {q} ] && exit {_IS_DIR}; mkdir -p -- "$(dirname -- {q})" && '
+                f'[ -d {q} ] && exit {IS_DIR_EXIT}; mkdir -p -- "$(dirname -- {q})" && '
                 f"cat -- {inner} > {q}",
                 path,
             )
@@ -203,7 +190,7 @@ class BwrapSandbox(ShellBackedSandbox):
         q = shlex.quote(remote)
         try:
             await self._transfer(
-                f"[ -e {q} ] || exit {_NOT_FOUND}; cp -R --preserve=mode,timestamps -- {q} {inner}",
+                f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; cp -R --preserve=mode,timestamps -- {q} {inner}",
                 remote,
             )
             local.parent.mkdir(parents=True, exist_ok=True)

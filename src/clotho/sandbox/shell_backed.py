@@ -7,10 +7,25 @@ import abc
 from clotho.sandbox.base import ExecResult, Sandbox
 from clotho.sandbox.shell import PersistentShell
 
+# Exit codes of the file-transfer scripts run through the shell (`_transfer`).
+NOT_FOUND_EXIT, IS_DIR_EXIT = 80, 81
+
 
 class ShellBackedSandbox(Sandbox):
     _shell: PersistentShell
     _closed: bool = False
+
+    async def _transfer(self, script: str, what: str) -> ExecResult:
+        """Run a file-transfer script; its exit codes become Python's file errors."""
+        # A subshell: the script's `exit` must not end the session shell (and its state).
+        result = await self._shell.run(f"( {script}\n)")
+        if result.exit_code == NOT_FOUND_EXIT:
+            raise FileNotFoundError(f"no such file or directory in the sandbox: {what}")
+        if result.exit_code == IS_DIR_EXIT:
+            raise IsADirectoryError(f"is a directory: {what}")
+        if result.exit_code != 0:
+            raise OSError(f"file transfer failed for {what}: {result.stderr.strip()}")
+        return result
 
     async def exec(
         self,

@@ -27,14 +27,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.docker.slot_layout import SlotLayout
 from clotho.sandbox.shell import PersistentShell
+from clotho.sandbox.shell_backed import IS_DIR_EXIT, NOT_FOUND_EXIT
 
 # Exit codes of our own transfer scripts.
-_NOT_FOUND, _IS_DIR = 80, 81
 _BIG_FILE = 1 << 20
 
 
@@ -119,17 +118,6 @@ class IsolatedSlotSandbox(SlotSandbox):
 
     isolation = "bwrap"
 
-    async def _transfer(self, script: str, what: str) -> ExecResult:
-        # A subshell: our `exit` must not end (and restart) the agent's session shell.
-        result = await self._shell.run(f"( {script}\n)")
-        if result.exit_code == _NOT_FOUND:
-            raise FileNotFoundError(f"no such file or directory in the sandbox: {what}")
-        if result.exit_code == _IS_DIR:
-            raise IsADirectoryError(f"is a directory: {what}")
-        if result.exit_code != 0:
-            raise OSError(f"file transfer failed for {what}: {result.stderr.strip()}")
-        return result
-
     def _xfer(self) -> tuple[str, str, str]:
         """A fresh transfer name: (name, container path, path inside the slot)."""
         name = uuid.uuid4().hex
@@ -146,7 +134,7 @@ class IsolatedSlotSandbox(SlotSandbox):
         _, outer, inner = self._xfer()
         try:
             await self._transfer(
-                f"[ -e {q} ] || exit {_NOT_FOUND}; [ -d {q} ] && exit {_IS_DIR}; "
+                f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; "
                 f"cat -- {q} > {inner}",
                 path,
             )
@@ -164,7 +152,7 @@ class IsolatedSlotSandbox(SlotSandbox):
             archive = _bytes_tar(name, data, self.layout.uid)
         await self._put(self.layout.xfer_dir, archive)
         await self._transfer(
-            f"trap 'rm -f -- {inner}' EXIT; [ -d {q} ] && exit {_IS_DIR}; "
+            f"trap 'rm -f -- {inner}' EXIT; [ -d {q} ] && exit {IS_DIR_EXIT}; "
             f'mkdir -p -- "$(dirname -- {q})" && cat -- {inner} > {q}',
             path,
         )
@@ -194,7 +182,7 @@ class IsolatedSlotSandbox(SlotSandbox):
         _, outer, inner = self._xfer()
         try:
             await self._transfer(
-                f"[ -e {q} ] || exit {_NOT_FOUND}; "
+                f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; "
                 f'tar -cf {inner} -C "$(dirname -- {q})" -- "$(basename -- {q})"',
                 remote,
             )
