@@ -310,3 +310,34 @@ async def test_a_template_without_tools_gets_them_in_the_system_message(sandbox:
     assert result.sequences is not None and len(result.sequences) == 1
     seq = result.sequences[0]
     assert_ledger_matches(seq.tokens, seq.masks, seq.logprobs, replay.prompts, replay.generations)
+
+
+async def test_an_environment_without_a_model_runs_the_embedded_one(
+    embedded: tuple[Any, TemplateTokenizer],
+) -> None:
+    """No model configured: rollouts run on the embedded SmolLM2, and the scored group holds
+    its exact sequences, sampling logprobs and the sampling it used."""
+    from clotho.env import EnvConfig
+    from clotho.envs.terminal_test import TerminalTestEnv
+
+    env = TerminalTestEnv(
+        EnvConfig(group_size=2, max_turns=2, min_valid_rollouts=1, ensure_scores_are_not_same=False)
+    )
+    try:
+        await env.setup()
+        group, rollouts = await env.collect_group(await env.get_next_item())
+    finally:
+        await env.close()
+    assert group is not None and group.inference_logprobs is not None
+    assert all(r.agent is not None and r.agent.sequences for r in rollouts)
+    assert len(group.tokens) == sum(len(r.agent.sequences or []) for r in rollouts if r.agent)
+    for tokens, masks, logprobs in zip(
+        group.tokens, group.masks, group.inference_logprobs, strict=True
+    ):
+        sampled = [lp for m, lp in zip(masks, logprobs, strict=True) if m != IGNORE_INDEX]
+        assert sampled and all(lp <= 0.0 for lp in sampled)
+        assert all(m in (IGNORE_INDEX, t) for t, m in zip(tokens, masks, strict=True))
+    _, tokenizer = embedded
+    im_end = tokenizer.encode("<|im_end|>")
+    assert group.generation_params is not None
+    assert group.generation_params["stop_token_ids"] == im_end

@@ -250,9 +250,11 @@ class Environment(abc.ABC, Generic[Item]):
             masks.append(mask)
             logprobs.append(lps if lps is not None else [NOT_SAMPLED] * len(ids))
         exact = all(lps is not None for *_, lps in rows)
-        sampling = (
-            self.config.model.sampling.model_dump(exclude_none=True) if self.config.model else {}
-        )
+        if self.config.model:
+            sampling = self.config.model.sampling.model_dump(exclude_none=True)
+        else:  # the embedded default: what its token backend samples with
+            token_sampling = getattr(self.model, "sampling", None)
+            sampling = token_sampling.model_dump(exclude_none=True) if token_sampling else {}
         return ScoredGroup(
             tokens=tokens,
             masks=masks,
