@@ -514,3 +514,34 @@ async def test_both_stdio_paths_run_commands(docker: Any, stdio: str) -> None:
         await sb.close()
     if stdio == "fifo":
         assert sb.io_dir is not None and not sb.io_dir.exists()
+
+
+async def test_sandbox_ls_names_fifo_folders_and_slot_containers(docker: Any) -> None:
+    run = f"ls-{secrets.token_hex(4)}"
+    one = await open_sandbox(DockerSandboxConfig(), labels={"clotho.run": f"{run}-one"})
+    shared = await open_sandbox(
+        DockerSandboxConfig(slots_per_container=2), labels={"clotho.run": f"{run}-shared"}
+    )
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "clotho", "sandbox", "ls",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "COLUMNS": "300"},
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await one.close()
+        await shared.close()
+    assert proc.returncode == 0, stderr.decode()
+    rows = [
+        [cell.strip() for cell in line.strip().strip("│").split("│")]
+        for line in stdout.decode().splitlines()
+        if run in line
+    ]
+    # backend, id, owner, alive, run, task, slots, ...
+    kinds = sorted((cells[0], cells[4], cells[6]) for cells in rows)
+    # The shared container says how many slots it hosts and how they are isolated; the host
+    # folders holding the containers' FIFOs are named as such, not as local sandboxes.
+    assert kinds[:2] == [("docker", f"{run}-one", "-"), ("docker", f"{run}-shared", kinds[1][2])]
+    assert kinds[1][2] in ("2 (bwrap)", "2 (none)"), kinds
+    assert [k[0] for k in kinds[2:]] == ["docker-io", "docker-io"], kinds

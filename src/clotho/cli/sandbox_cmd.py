@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from clotho.sandbox.leases import (
+    SLOT_ISOLATION,
+    SLOTS,
     SandboxRecord,
     docker_records,
     local_records,
@@ -44,6 +46,14 @@ async def _collect(state_dir: str | None) -> tuple[list[SandboxRecord], str | No
     return local_records(state_dir) + docker, problem
 
 
+def _slots(record: SandboxRecord) -> str:
+    """How many sandboxes a shared Docker container hosts, and how they are isolated."""
+    slots = record.labels.get(SLOTS)
+    if not slots:
+        return "-"
+    return f"{slots} ({record.labels.get(SLOT_ISOLATION, '?')})"
+
+
 def _age(created: float | str | None) -> str:
     if isinstance(created, str):  # docker reports RFC 3339 in some versions
         return created[:19]
@@ -68,6 +78,7 @@ def ls_command(
         "owner alive",
         "run",
         "task",
+        "slots",
         "age",
         "lease left",
         "orphan",
@@ -79,7 +90,7 @@ def ls_command(
         left = f"{r.expires - now:.0f} s" if r.expires else "-"
         table.add_row(
             r.backend, r.id, r.owner or "-", "?" if alive is None else str(alive),
-            r.labels.get("clotho.run", "-"), r.labels.get("clotho.task", "-"),
+            r.labels.get("clotho.run", "-"), r.labels.get("clotho.task", "-"), _slots(r),
             _age(r.created), left, "yes" if r.orphaned(now) else "",
         )  # fmt: skip
     console.print(table)
@@ -94,7 +105,7 @@ async def _gc(state_dir: str | None, everything: bool) -> tuple[int, str | None]
     removed = 0
     try:
         for record in doomed:
-            if record.backend == "local":
+            if record.path is not None:  # a folder on this host (a local sandbox, FIFOs)
                 await asyncio.to_thread(remove_local, record)
             else:
                 if docker is None:

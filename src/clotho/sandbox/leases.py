@@ -25,6 +25,7 @@ from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
 OWNER = "clotho.owner"
 LEASE_EXPIRES = "clotho.lease-expires"
 SLOTS = "clotho.slots"  # sandboxes a shared container hosts (absent: one)
+DOCKER_IO = "clotho.docker-io"  # a host folder holding a container's stdio FIFOs
 SLOT_ISOLATION = "clotho.slot-isolation"  # bwrap | none, as chosen when it started
 
 
@@ -97,7 +98,9 @@ def local_records(state_dir: str | None = None) -> list[SandboxRecord]:
             labels = {k: str(v) for k, v in lease.get("labels", {}).items()}
             labels.setdefault(OWNER, f"{socket.gethostname()}:{lease.get('owner_pid')}")
             created = lease.get("created")
-        records.append(SandboxRecord("local", path.name, labels, created, path))
+        # A Docker container's stdio FIFOs live in such a folder too (docker/fifo.py).
+        kind = "docker-io" if labels.get(DOCKER_IO) else "local"
+        records.append(SandboxRecord(kind, path.name, labels, created, path))
     return records
 
 

@@ -27,7 +27,7 @@ from clotho.sandbox.config import DockerSandboxConfig, base_env
 from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, main_shell_command, make_fifos
-from clotho.sandbox.leases import lease_labels
+from clotho.sandbox.leases import DOCKER_IO, lease_labels
 from clotho.sandbox.shell import PersistentShell, ShellChannel
 from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.state import make_state_dir, remove_state_dir
@@ -140,7 +140,7 @@ class DockerSandbox(ShellBackedSandbox):
         try:
             body = container_body(config, labels, lease_s)
             if config.stdio == "fifo" and getattr(docker.connector, "path", None):
-                io_dir = make_state_dir(config.state_dir, labels, lease_s)
+                io_dir = make_state_dir(config.state_dir, {**labels, DOCKER_IO: "1"}, lease_s)
                 make_fifos(io_dir)
                 body["HostConfig"]["Binds"] = [f"{io_dir}:{FIFO_MOUNT}"]
                 shell = None

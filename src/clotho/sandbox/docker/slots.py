@@ -43,7 +43,7 @@ from clotho.sandbox.docker.slot_layout import (
     probe_script,
 )
 from clotho.sandbox.docker.slot_sandbox import IsolatedSlotSandbox, SlotSandbox
-from clotho.sandbox.leases import SLOT_ISOLATION, SLOTS
+from clotho.sandbox.leases import DOCKER_IO, SLOT_ISOLATION, SLOTS
 from clotho.sandbox.shell import PersistentShell, ShellChannel
 from clotho.sandbox.state import make_state_dir, remove_state_dir
 
@@ -348,7 +348,7 @@ class SlotHost:
             body["HostConfig"]["SecurityOpt"] = RELAXED
         if config.stdio == "fifo" and getattr(self.docker.connector, "path", None):
             box.io_dir = await asyncio.to_thread(
-                make_state_dir, config.state_dir, box.labels, box.lease_s
+                make_state_dir, config.state_dir, {**box.labels, DOCKER_IO: "1"}, box.lease_s
             )
             body["HostConfig"]["Binds"] = [f"{box.io_dir}:{FIFO_MOUNT}"]
         try:
