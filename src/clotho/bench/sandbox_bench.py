@@ -8,8 +8,10 @@ through the Engine API per command for the Docker backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -65,6 +67,20 @@ class BaselineFigures(BaseModel):
     cold_start_ms: float | None = None
 
 
+class SlotFigures(BaseModel):
+    """Docker with several slots per container (`--slots N`)."""
+
+    slots_per_container: int
+    isolation: str = Field(description="bwrap or none, as the container chose")
+    slot_start_p50_ms: float = Field(description="a slot in a running container, to first answer")
+    container_start_p50_ms: float = Field(description="a slot that needed a new container")
+    warm_exec_p50_ms: float
+    throughput_32_per_s: float = Field(description="32 callers over 32 slots")
+    idle_memory_mb: float = Field(
+        description="PSS of the containers' processes and their shims / 32 slots"
+    )
+
+
 class SandboxBench(BaseModel):
     backend: Literal["local", "docker"]
     warm_exec_p50_ms: float
@@ -80,6 +96,7 @@ class SandboxBench(BaseModel):
         description="local: PSS of a sandbox's processes; docker: system-wide used memory / 32"
     )
     baseline: dict[str, BaselineFigures]
+    slots: SlotFigures | None = None
     targets_met: dict[str, bool] = Field(default_factory=dict)
 
     def check_targets(self) -> None:
@@ -172,6 +189,60 @@ async def _open_many(config: SandboxConfig, count: int) -> list[Sandbox]:
     return sandboxes
 
 
+async def _slot_figures(slots: int, quick: bool) -> SlotFigures:
+    """32 slots from one `SlotHost`: which started in a running container, which needed one."""
+    from clotho.sandbox.docker.backend import docker_client
+    from clotho.sandbox.docker.slots import SlotHost
+
+    config = DockerSandboxConfig(slots_per_container=slots)
+    host = SlotHost(docker_client(config.docker_url), owns_client=True)
+    opened: list[Sandbox] = []
+    in_running: list[float] = []
+    new_container: list[float] = []
+    seen: set[str] = set()
+    try:
+        for _ in range(32):
+            started = time.perf_counter()
+            slot = await host.open(config)
+            _expect_hi(await slot.exec("echo hi"))
+            elapsed = (time.perf_counter() - started) * 1000
+            opened.append(slot)
+            container = slot.container.id  # type: ignore[attr-defined]
+            (in_running if container in seen else new_container).append(elapsed)
+            seen.add(container)
+        await asyncio.sleep(1.0)
+        memory = pss_mb(await _container_pids(host.docker, seen)) / 32
+        p50, _ = await latency_ms(lambda: _ours(opened[-1]), 100 if quick else 300)
+        rate = await throughput([(lambda s=s: _ours(s)) for s in opened], 2000 if quick else 10000)
+        isolation = str(getattr(opened[0], "isolation", "none"))
+    finally:
+        await asyncio.gather(*(s.close() for s in opened), return_exceptions=True)
+        await host.close()
+    return SlotFigures(
+        slots_per_container=slots,
+        isolation=isolation,
+        slot_start_p50_ms=round(percentile(in_running, 50), 2) if in_running else 0.0,
+        container_start_p50_ms=round(percentile(new_container, 50), 2),
+        warm_exec_p50_ms=round(p50, 4),
+        throughput_32_per_s=round(rate, 1),
+        idle_memory_mb=round(memory, 2),
+    )
+
+
+async def _container_pids(docker: Any, containers: set[str]) -> list[int]:
+    """Every process of the containers, with each one's containerd shim (its parent)."""
+    pids: list[int] = []
+    for container in containers:
+        init = int(((await docker.containers.container(container).show())["State"]).get("Pid", 0))
+        if init <= 0:
+            continue
+        pids += [init, *descendants(init)]
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/{init}/stat").read_text()
+            pids.append(int(stat.rsplit(")", 1)[1].split()[1]))  # the parent: the shim
+    return pids
+
+
 async def _bash_c() -> None:
     proc = await asyncio.create_subprocess_exec(
         "bash", "-c", "echo hi", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -210,8 +281,12 @@ async def run_sandbox_bench(
     backend: Literal["local", "docker"],
     *,
     quick: bool = False,
+    slots: int = 1,
     progress: Callable[[str], None] = print,
 ) -> SandboxBench:
+    """The figures of one backend; `slots` > 1 (docker) adds those of shared containers."""
+    if slots > 1 and backend != "docker":
+        raise SandboxError("slots per container are a docker feature: use --backend docker")
     config: SandboxConfig = LocalSandboxConfig() if backend == "local" else DockerSandboxConfig()
     n_latency = 100 if quick else 300
     n_total = 2000 if quick else 10000
@@ -264,6 +339,10 @@ async def run_sandbox_bench(
     progress("replacement, pool acquire")
     replace = await _replace(config, 5 if quick else 10)
     acquire = await _acquire(config, 8 if quick else 20)
+    slot_figures = None
+    if slots > 1:
+        progress(f"{slots} slots per container")
+        slot_figures = await _slot_figures(slots, quick)
     result = SandboxBench(
         backend=backend,
         warm_exec_p50_ms=round(p50, 4),
@@ -275,6 +354,7 @@ async def run_sandbox_bench(
         replace_ms=round(replace, 2),
         idle_memory_mb=round(memory, 2),
         baseline=baseline,
+        slots=slot_figures,
     )
     result.check_targets()
     return result

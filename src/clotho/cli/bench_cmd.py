@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clotho.bench.parsers_bench import ParsersBench, run_parsers_bench
-from clotho.bench.sandbox_bench import TARGETS, SandboxBench, run_sandbox_bench
+from clotho.bench.sandbox_bench import TARGETS, SandboxBench, SlotFigures, run_sandbox_bench
 from clotho.chat.parsers import list_parsers
 
 app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
@@ -51,21 +51,45 @@ def _table(result: SandboxBench) -> Table:
     return table
 
 
+def _slots_table(slots: SlotFigures) -> Table:
+    table = Table(
+        title=f"{slots.slots_per_container} slots per container (isolation: {slots.isolation})"
+    )
+    table.add_column("measure")
+    table.add_column("clotho", justify="right")
+    for label, value in (
+        ("a slot in a running container, to first answer (ms)", slots.slot_start_p50_ms),
+        ("a slot that needed a new container (ms)", slots.container_start_p50_ms),
+        ("warm exec p50 (ms)", slots.warm_exec_p50_ms),
+        ("throughput, 32 callers over 32 slots (cmd/s)", slots.throughput_32_per_s),
+        ("memory per idle slot (MB, system-wide)", slots.idle_memory_mb),
+    ):
+        table.add_row(label, f"{value:.4g}")
+    return table
+
+
 @app.command("sandbox")
 def sandbox_command(
     backend: Annotated[Literal["local", "docker"], typer.Option(help="sandbox backend")] = "local",
     json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     quick: Annotated[bool, typer.Option(help="fewer samples (for smoke tests)")] = False,
+    slots: Annotated[
+        int, typer.Option(min=1, help="docker: also measure N slots per shared container")
+    ] = 1,
 ) -> None:
     """Exec latency, throughput, acquire, cold start, reset and memory, beside baselines."""
+    if slots > 1 and backend != "docker":
+        raise typer.BadParameter("slots per container need --backend docker", param_hint="--slots")
     say = (
         (lambda msg: None) if json_ else (lambda msg: console.print(f"[dim]measuring {msg} ...[/]"))
     )
-    result = asyncio.run(run_sandbox_bench(backend, quick=quick, progress=say))
+    result = asyncio.run(run_sandbox_bench(backend, quick=quick, slots=slots, progress=say))
     if json_:
         print(result.model_dump_json())
     else:
         console.print(_table(result))
+        if result.slots is not None:
+            console.print(_slots_table(result.slots))
 
 
 def _parsers_table(result: ParsersBench) -> Table:

@@ -1,0 +1,83 @@
+"""`clotho bench sandbox --json --quick`: the report's shape, measured on real sandboxes.
+
+The figures are whatever this machine gives; only their shape and sanity are checked here
+(performance targets are judged by the benchmark itself, never by a test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from tests.conftest import requires_bwrap
+from tests.docker_probe import requires_docker
+
+KEYS = {
+    "backend",
+    "warm_exec_p50_ms",
+    "warm_exec_p95_ms",
+    "throughput_32_per_s",
+    "acquire_p50_ms",
+    "cold_start_ms",
+    "reset_ms",
+    "idle_memory_mb",
+    "baseline",
+}
+LATENCY_KEYS = ("warm_exec_p50_ms", "warm_exec_p95_ms", "throughput_32_per_s")
+
+
+def bench(*args: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "clotho", "bench", "sandbox", "--json", "--quick", *args],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def check(report: dict[str, Any], backend: str, baselines: set[str]) -> None:
+    assert set(report) >= KEYS and report["backend"] == backend
+    for key in KEYS - {"backend", "baseline"}:
+        assert report[key] > 0, key
+    assert report["warm_exec_p95_ms"] >= report["warm_exec_p50_ms"]
+    assert set(report["baseline"]) == baselines
+    for figures in report["baseline"].values():
+        assert all(figures[k] > 0 for k in LATENCY_KEYS)
+        assert figures["warm_exec_p95_ms"] >= figures["warm_exec_p50_ms"]
+    assert set(report["targets_met"]) == {
+        "warm_exec_p50_ms",
+        "throughput_32_per_s",
+        "acquire_p50_ms",
+        "cold_start_ms",
+        "reset_ms",
+    }
+
+
+@requires_bwrap
+def test_local_report() -> None:
+    report = bench("--backend", "local")
+    check(report, "local", {"bash -c per command", "bubblewrap per command"})
+    assert report["slots"] is None
+
+
+@requires_docker
+def test_docker_report_with_slots() -> None:
+    report = bench("--backend", "docker", "--slots", "4")
+    check(report, "docker", {"docker exec (Engine API)"})
+    slots = report["slots"]
+    assert slots["slots_per_container"] == 4 and slots["isolation"] in ("bwrap", "none")
+    for key in ("slot_start_p50_ms", "container_start_p50_ms", "warm_exec_p50_ms"):
+        assert slots[key] > 0, key
+    assert slots["throughput_32_per_s"] > 0 and slots["idle_memory_mb"] > 0
+
+
+def test_slots_need_the_docker_backend() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "clotho", "bench", "sandbox", "--slots", "4"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--backend docker" in proc.stderr
+    assert "Traceback" not in proc.stderr
