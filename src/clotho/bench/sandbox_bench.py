@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from clotho.bench.stats import latency_ms, percentile, pss_mb, throughput, used_memory_mb
+from clotho.bench.stats import latency_ms, percentile, pss_mb, throughput
 from clotho.errors import SandboxError
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
@@ -93,7 +93,7 @@ class SandboxBench(BaseModel):
     )
     replace_ms: float = Field(description="destroy a used sandbox and have a fresh one answer, p50")
     idle_memory_mb: float = Field(
-        description="local: PSS of a sandbox's processes; docker: system-wide used memory / 32"
+        description="PSS of a sandbox's processes (docker: with its containerd shim), of 32"
     )
     baseline: dict[str, BaselineFigures]
     slots: SlotFigures | None = None
@@ -301,18 +301,19 @@ async def run_sandbox_bench(
     finally:
         await sandbox.close()
     progress("memory per idle sandbox and throughput with 32 callers")
-    await asyncio.sleep(1.0)
-    before = used_memory_mb()
     many = await _open_many(config, 32)
     baseline: dict[str, BaselineFigures] = {}
     try:
-        await asyncio.sleep(3.0)
-        memory = (used_memory_mb() - before) / 32
+        await asyncio.sleep(1.0)
+        # System-wide "used" memory is noise at this size: what one more sandbox costs is
+        # the PSS of its own processes (bwrap, its init and shells; a container's processes
+        # and its containerd shim).
         if backend == "local":
-            # System-wide "used" memory is noise at this size; the sandboxes' own processes
-            # (bwrap, its init, the shells) are what one more sandbox costs.
             pids = [p for s in many if (root := s._shell.pid) for p in [root, *descendants(root)]]  # type: ignore[attr-defined]
-            memory = pss_mb(pids) / 32
+        else:
+            docker = many[0]._docker  # type: ignore[attr-defined]
+            pids = await _container_pids(docker, {s.id for s in many})
+        memory = pss_mb(pids) / 32
         rate = await throughput([(lambda s=s: _ours(s)) for s in many], n_total)
         if backend == "docker":
             progress("baseline: docker exec through the Engine API")

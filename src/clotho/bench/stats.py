@@ -46,23 +46,6 @@ async def throughput(calls: list[Callable[[], Awaitable[object]]], total: int) -
     return (total + len(calls)) / (time.perf_counter() - started)
 
 
-def used_memory_mb() -> float:
-    """System-wide used memory: MemTotal - MemFree - Buffers - Cached - SReclaimable."""
-    info: dict[str, int] = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, value = line.split(":", 1)
-            info[key] = int(value.split()[0])
-    used = (
-        info["MemTotal"]
-        - info["MemFree"]
-        - info["Buffers"]
-        - info["Cached"]
-        - info.get("SReclaimable", 0)
-    )
-    return used / 1024
-
-
 def pss_mb(pids: list[int]) -> float:
     """Proportional set size of processes (shared pages split among their users), in MB."""
     total_kb = 0
