@@ -9,7 +9,49 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import BaseModel, ValidationError
+
 ErrorKind = Literal["infra", "agent", "verifier", "task", "config"]
+
+# Kinds that say nothing about the agent: kept out of pass rates (their denominator).
+UNSCORED_KINDS: frozenset[str] = frozenset({"infra", "task", "config"})
+# Kinds that `--resume` runs again: only a failure of the harness itself may change on retry.
+RETRIED_KINDS: frozenset[str] = frozenset({"infra"})
+
+
+class ErrorInfo(BaseModel):
+    """An error as results files record it: its kind decides scoring and retries."""
+
+    kind: ErrorKind
+    message: str
+
+    @property
+    def scored(self) -> bool:
+        """Whether the attempt still counts in a pass rate (as a failure)."""
+        return self.kind not in UNSCORED_KINDS
+
+    @property
+    def retried(self) -> bool:
+        """Whether `--resume` tries the attempt again."""
+        return self.kind in RETRIED_KINDS
+
+    @classmethod
+    def of(cls, exc: BaseException) -> ErrorInfo:
+        """A typed error keeps its kind; anything else is an internal (infra) error."""
+        if isinstance(exc, ClothoError):
+            return cls(kind=exc.kind, message=str(exc))
+        return cls(kind="infra", message=f"internal error: {type(exc).__name__}: {exc}")
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """A pydantic error as one line per problem: where (dotted path), what, and the value."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "value"
+        got = err.get("input")
+        shown = "" if isinstance(got, dict | list) else f" (got {got!r:.80})"
+        parts.append(f"{where}: {err['msg']}{shown}")
+    return "; ".join(parts)
 
 
 class ClothoError(Exception):

@@ -15,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FinishReason = Literal["stop", "length"]
 
+# A position that is not trained on (prompt, tool output): the label trainers ignore.
+MASKED = -100
+# The logprob placed at positions the model did not sample (a trainer never reads it).
+NOT_SAMPLED = 1.0
+
 
 class TokenSampling(BaseModel):
     """What a token backend needs to sample one assistant turn."""
