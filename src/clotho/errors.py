@@ -43,13 +43,23 @@ class ErrorInfo(BaseModel):
         return cls(kind="infra", message=f"internal error: {type(exc).__name__}: {exc}")
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """A pydantic error as one line per problem: where (dotted path), what, and the value."""
+def describe_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
+    """A pydantic error as one line per problem: where (dotted path), what, and the value.
+
+    `prefix` goes before every location: a task file passes `[environment].` so that its
+    problems read `[environment].memory: ...`. Shown values are cut at 80 characters."""
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "value"
+        where = ".".join(str(p) for p in err["loc"])
+        where = prefix + where if where else prefix.rstrip(".") or "value"
         got = err.get("input")
-        shown = "" if isinstance(got, dict | list) else f" (got {got!r:.80})"
+        if isinstance(got, dict | list):
+            shown = ""
+        elif isinstance(got, int) and not isinstance(got, bool) and got.bit_length() > 256:
+            # An int of more than 4300 digits has no repr at all (ValueError).
+            shown = f" (got an integer of {got.bit_length()} bits)"
+        else:
+            shown = f" (got {got[:80] if isinstance(got, str | bytes) else got!r:.80})"
         parts.append(f"{where}: {err['msg']}{shown}")
     return "; ".join(parts)
 
