@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import posixpath
 from pathlib import Path
-from types import TracebackType
+from typing import TypedDict
 
 from pydantic import BaseModel
 
@@ -22,6 +22,15 @@ class ExecResult(BaseModel):
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+class ExecOptions(TypedDict, total=False):
+    """The keyword options of `Sandbox.exec`, for implementations that pass them on."""
+
+    timeout: float | None
+    cwd: str | None
+    env: dict[str, str] | None
+    user: str | None
 
 
 class Sandbox(abc.ABC):
@@ -72,10 +81,5 @@ class Sandbox(abc.ABC):
     async def __aenter__(self) -> Sandbox:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()

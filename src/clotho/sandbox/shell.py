@@ -1,11 +1,14 @@
 """A persistent bash driven over pipes with a sentinel protocol.
 
 Spawning a process per command costs 1.6 ms (bash) to 7 ms (bubblewrap); a shell that is
-already running answers in well under 0.1 ms. Each command runs in a background subshell of
-the persistent shell (so `cd`, `exit` and syntax errors cannot break it), with stdin from
-/dev/null, and is followed by unique markers on stdout (with the exit code) and stderr.
-A command that times out has its process tree killed; processes it left running in the
-background are reparented away from the shell and keep running until the sandbox closes.
+already running answers in well under 0.1 ms. The host writes each command to the shell's
+stdin and reads stdout and stderr up to markers unique to the shell and the command (the
+exit code travels on the stdout marker). Two modes (`PersistentShell`): `session`, where a
+wrapper loop runs a session shell that executes commands itself, so variables and exports
+persist and `exit` restarts it; and `isolated`, where each command runs in a subshell that
+cannot touch the shell. A command that times out or whose caller is cancelled has its
+processes killed from the host; what earlier commands left in the background keeps running
+until the sandbox closes. The pipes come from a `ShellChannel`.
 """
 
 from __future__ import annotations
@@ -21,16 +24,16 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from clotho.errors import SandboxError
 from clotho.sandbox import proctree
-from clotho.sandbox.base import ExecResult
+from clotho.sandbox.base import ExecOptions, ExecResult
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _READ_CHUNK = 1 << 16
 _DRAIN_TIMEOUT_S = 10.0
-# Stream readers pause their pipe beyond 2x their limit; ours must never pause (see _read).
+# Stream readers pause their pipe beyond 2x their limit; ours must never pause (see _collect).
 _STREAM_LIMIT = 1 << 40
 
 
@@ -159,26 +162,32 @@ class ShellChannel(abc.ABC):
     """The pipes of a running shell: stdin to write, stdout and stderr to read.
 
     `ProcessChannel` is a local process (bubblewrap or plain bash); the Docker backend
-    drives a shell attached over the Engine API socket.
+    drives a shell through FIFOs or attached over the Engine API socket.
     """
 
     stdout: asyncio.StreamReader
     stderr: asyncio.StreamReader
+    _shell_pid: int | None = None
+
+    def _own_readers(self) -> None:
+        """Readers the channel feeds itself; like a process's, they never pause (see _collect)."""
+        self.stdout = asyncio.StreamReader(limit=_STREAM_LIMIT)
+        self.stderr = asyncio.StreamReader(limit=_STREAM_LIMIT)
 
     @abc.abstractmethod
     async def open(self) -> None: ...
 
-    @abc.abstractmethod
-    async def ready(self) -> None:
-        """Called once the shell answered its first command (the shell's pid is known now)."""
+    async def ready(self) -> None:  # noqa: B027 - a hook most channels need not fill
+        """Called once the shell answered its first command (a channel may look up its pid)."""
 
     @abc.abstractmethod
     async def write(self, data: bytes) -> None:
         """Send bytes to the shell; SandboxError if it is gone."""
 
-    @abc.abstractmethod
     def kill_running(self) -> None:
         """Kill whatever the shell is running now, but not the shell."""
+        if (shell := self.shell_pid) is not None:
+            proctree.kill_descendants(shell)
 
     @abc.abstractmethod
     async def close(self) -> None:
@@ -186,13 +195,13 @@ class ShellChannel(abc.ABC):
 
     @property
     def pid(self) -> int | None:
-        """Host pid of the outermost process, if there is one."""
-        return None
+        """Host pid of the outermost process: the shell's, unless something wraps it."""
+        return self._shell_pid
 
     @property
     def shell_pid(self) -> int | None:
-        """Host pid of the bash that reads our commands, once `ready()` found it."""
-        return None
+        """Host pid of the bash that reads our commands, once known."""
+        return self._shell_pid
 
 
 class ProcessChannel(ShellChannel):
@@ -209,7 +218,6 @@ class ProcessChannel(ShellChannel):
         self._cwd = cwd
         self._shell_comm = shell_comm
         self._proc: asyncio.subprocess.Process | None = None
-        self._shell_pid: int | None = None
 
     @property
     def pid(self) -> int | None:
@@ -246,9 +254,6 @@ class ProcessChannel(ShellChannel):
                         break
         return self._shell_pid
 
-    async def ready(self) -> None:
-        """Nothing to do: the shell pid is looked up lazily."""
-
     async def write(self, data: bytes) -> None:
         if self._proc is None or self._proc.stdin is None:
             raise SandboxError("sandbox shell is not started")
@@ -257,11 +262,6 @@ class ProcessChannel(ShellChannel):
             await self._proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise SandboxError("the sandbox shell is gone") from exc
-
-    def kill_running(self) -> None:
-        shell = self.shell_pid
-        if shell is not None:
-            proctree.kill_descendants(shell)
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -374,15 +374,10 @@ class PersistentShell:
         )  # fmt: skip
         return [out, err]
 
-    async def run(
-        self,
-        cmd: str,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
+    async def run(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
+        """`Sandbox.exec` on this shell (`cwd` is used as given: the sandbox resolves it)."""
+        timeout, cwd = options.get("timeout"), options.get("cwd")
+        env, user = options.get("env"), options.get("user")
         async with self._lock:
             if self._dead:
                 raise SandboxError(self._dead)
@@ -501,10 +496,6 @@ class PersistentShell:
         except TimeoutError:
             self._dead = "the sandbox shell stopped answering after a killed command"
             raise SandboxError(self._dead) from None
-
-    def kill_running(self) -> None:
-        """Kill the current command's process tree; the shell itself survives."""
-        self._channel.kill_running()
 
     async def close(self) -> None:
         self._dead = self._dead or "the sandbox is closed"

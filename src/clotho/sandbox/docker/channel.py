@@ -7,9 +7,8 @@ import contextlib
 from typing import Any
 
 from clotho.errors import SandboxError
-from clotho.sandbox import proctree
 from clotho.sandbox.docker.attach import attach_exec
-from clotho.sandbox.shell import _STREAM_LIMIT, ShellChannel
+from clotho.sandbox.shell import ShellChannel
 
 
 class DockerExecChannel(ShellChannel):
@@ -34,17 +33,7 @@ class DockerExecChannel(ShellChannel):
         self._stream: Any = None
         self._transport: asyncio.Transport | None = None
         self._pump: asyncio.Task[None] | None = None
-        self._shell_pid: int | None = None
-        self.stdout = asyncio.StreamReader(limit=_STREAM_LIMIT)
-        self.stderr = asyncio.StreamReader(limit=_STREAM_LIMIT)
-
-    @property
-    def pid(self) -> int | None:
-        return self._shell_pid
-
-    @property
-    def shell_pid(self) -> int | None:
-        return self._shell_pid
+        self._own_readers()
 
     async def open(self) -> None:
         from aiodocker.exceptions import DockerError
@@ -110,10 +99,6 @@ class DockerExecChannel(ShellChannel):
             await self._stream.write_in(data)
         except Exception as exc:
             raise SandboxError(f"the container shell is gone: {exc}") from exc
-
-    def kill_running(self) -> None:
-        if self._shell_pid is not None:
-            proctree.kill_descendants(self._shell_pid)
 
     async def close(self) -> None:
         if self._transport is not None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from clotho.errors import SandboxError
 from clotho.sandbox import proctree
-from clotho.sandbox.shell import _STREAM_LIMIT, ShellChannel
+from clotho.sandbox.shell import ShellChannel
 
 MOUNT = "/.clotho-io"
 ANNOUNCE = "clotho-shell:"
@@ -109,22 +109,12 @@ class DockerFifoChannel(ShellChannel):
         self._announce_timeout_s = announce_timeout_s
         self._opened = False
         self._exec: Any = None
-        self._shell_pid: int | None = None
         self._writer: asyncio.WriteTransport | None = None
         self._readers: list[asyncio.BaseTransport] = []
         self._feeds: list[_Feed] = []
         self._watchdog: asyncio.Task[None] | None = None
         self._keep: int | None = None
-        self.stdout = asyncio.StreamReader(limit=_STREAM_LIMIT)
-        self.stderr = asyncio.StreamReader(limit=_STREAM_LIMIT)
-
-    @property
-    def pid(self) -> int | None:
-        return self._shell_pid
-
-    @property
-    def shell_pid(self) -> int | None:
-        return self._shell_pid
+        self._own_readers()
 
     @property
     def shell_name(self) -> str:
@@ -239,17 +229,10 @@ class DockerFifoChannel(ShellChannel):
         for feed in self._feeds:
             feed.end()
 
-    async def ready(self) -> None:
-        """The pid is known since open()."""
-
     async def write(self, data: bytes) -> None:
         if self._writer is None or self._writer.is_closing():
             raise SandboxError("the container shell is gone")
         self._writer.write(data)
-
-    def kill_running(self) -> None:
-        if self._shell_pid is not None:
-            proctree.kill_descendants(self._shell_pid)
 
     async def close(self) -> None:
         if self._watchdog is not None:
