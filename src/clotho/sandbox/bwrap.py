@@ -1,11 +1,12 @@
 """The local backend: a persistent bash inside bubblewrap.
 
 Namespaces: user (uid 0 mapped to the caller, so no host capabilities), pid, ipc, uts, net
-(off unless enabled) and mount. The host root is either mounted read-only entry by entry,
-or (as root) used as the lower layer of an overlay whose upper layer is a tmpfs living in a
-private mount namespace: writes are thrown away with the sandbox and nothing is mounted on
-the host. /tmp, /run, /root and /home are private tmpfs; the workspace is a host folder bound
-at `workdir`; a transfer folder bound at /.clotho carries files in and out without base64.
+(off unless enabled) and mount. The host root is either bound read-only entry by entry, or
+(as root) the lower layer of an overlay mounted in a private mount namespace, whose upper
+layer is a folder in the sandbox's state folder: writes go away with that folder and nothing
+is mounted on the host. /tmp, /run, /root and /home are private tmpfs; the workspace is a
+host folder bound at `workdir`; a transfer folder bound at `XFER_MOUNT` carries files in and
+out without base64.
 """
 
 from __future__ import annotations
@@ -20,22 +21,27 @@ from pathlib import Path
 from clotho.errors import SandboxError
 from clotho.sandbox.config import LocalSandboxConfig, base_env
 from clotho.sandbox.shell import PersistentShell
-from clotho.sandbox.shell_backed import IS_DIR_EXIT, NOT_FOUND_EXIT, ShellBackedSandbox
-from clotho.sandbox.state import make_state_dir, remove_state_dir
+from clotho.sandbox.shell_backed import ShellBackedSandbox
+from clotho.sandbox.state import remove_state_dir, state_dir_until_started
+from clotho.sandbox.transfer import (
+    IS_DIR_EXIT,
+    NOT_FOUND_EXIT,
+    XFER_MOUNT,
+    copy_host_file,
+    move_host_path,
+    read_host_file,
+    write_host_file,
+)
 
-XFER_MOUNT = "/.clotho"
 _PRIVATE_DIRS = ("tmp", "run", "root", "home")
 _SKIPPED_ROOT_ENTRIES = {"proc", "dev", "sys", *_PRIVATE_DIRS}
 _RO_EXTRA_DIRS = ("/logs", "/tests", "/solution")
-_BIG_FILE = 1 << 20
 
 INSTALL_HINT = (
     "bubblewrap (bwrap) is not installed; the local sandbox refuses to run without it. "
     "Install it with `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`, "
     "or pass --sandbox unsafe-local to run commands on the host without isolation."
 )
-
-# Exit codes our own file-transfer scripts use.
 
 
 def _ro_root_args() -> list[str]:
@@ -98,12 +104,9 @@ def resolve_root_mode(config: LocalSandboxConfig) -> str:
 class BwrapSandbox(ShellBackedSandbox):
     def __init__(self, config: LocalSandboxConfig, state: Path, shell: PersistentShell,
                  labels: dict[str, str]) -> None:  # fmt: skip
+        super().__init__(shell, config.workdir, labels)
         self.config = config
-        self.workdir = config.workdir
-        self.labels = labels
         self.state = state
-        self._shell = shell
-        self._closed = False
 
     @classmethod
     async def create(
@@ -113,21 +116,16 @@ class BwrapSandbox(ShellBackedSandbox):
             raise SandboxError(INSTALL_HINT)
         labels = dict(labels or {})
         root_mode = resolve_root_mode(config)
-        state = make_state_dir(config.state_dir, labels)
-        try:
+        with state_dir_until_started(config.state_dir, labels) as state:
             (state / "app").mkdir()
             (state / "xfer").mkdir()
-            argv = bwrap_argv(config, root_mode, state)
             shell = PersistentShell(
-                argv,
+                bwrap_argv(config, root_mode, state),
                 env=base_env("/root", config.env),
                 max_output_bytes=config.max_output_bytes,
                 session=config.shell == "session",
             )
             await shell.start()
-        except BaseException:
-            remove_state_dir(state)
-            raise
         return cls(config, state, shell, labels)
 
     def _xfer_name(self) -> tuple[Path, str]:
@@ -144,19 +142,18 @@ class BwrapSandbox(ShellBackedSandbox):
                 f"cat -- {q} > {inner}",
                 path,
             )
-            if host.stat().st_size > _BIG_FILE:
-                return await asyncio.to_thread(host.read_bytes)
-            return host.read_bytes()
+            return await read_host_file(host, follow_symlinks=False)
         finally:
             host.unlink(missing_ok=True)
 
     async def write_file(self, path: str, data: bytes) -> None:
         path = self.resolve(path)
         host, inner = self._xfer_name()
-        if len(data) > _BIG_FILE:
-            await asyncio.to_thread(host.write_bytes, data)
-        else:
-            host.write_bytes(data)
+        await write_host_file(host, data)
+        await self._put_from_xfer(host, inner, path)
+
+    async def _put_from_xfer(self, host: Path, inner: str, path: str) -> None:
+        """Have the shell copy the transfer file `inner` (`host` outside) to `path`."""
         q = shlex.quote(path)
         try:
             await self._transfer(
@@ -169,12 +166,13 @@ class BwrapSandbox(ShellBackedSandbox):
 
     async def upload(self, local: Path, remote: str) -> None:
         remote = self.resolve(remote)
-        if local.is_file():
-            await self.write_file(remote, local.read_bytes())
+        host, inner = self._xfer_name()
+        if local.is_file():  # copied, not read: a big file never sits in memory
+            await copy_host_file(local, host)
+            await self._put_from_xfer(host, inner, remote)
             return
         if not local.is_dir():
             raise FileNotFoundError(f"no such file or directory on the host: {local}")
-        host, inner = self._xfer_name()
         await asyncio.to_thread(shutil.copytree, local, host, symlinks=True)
         q = shlex.quote(remote)
         try:
@@ -194,7 +192,7 @@ class BwrapSandbox(ShellBackedSandbox):
                 remote,
             )
             local.parent.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(shutil.move, host, local)
+            await move_host_path(host, local)
         finally:
             if host.is_dir():
                 await asyncio.to_thread(shutil.rmtree, host, True)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import abc
+from typing import Unpack
 
-from clotho.sandbox.base import ExecResult, Sandbox
+from clotho.sandbox.base import ExecOptions, ExecResult, Sandbox
 from clotho.sandbox.shell import PersistentShell
-
-# Exit codes of the file-transfer scripts run through the shell (`_transfer`).
-NOT_FOUND_EXIT, IS_DIR_EXIT = 80, 81
+from clotho.sandbox.transfer import IS_DIR_EXIT, NOT_FOUND_EXIT
 
 
 class ShellBackedSandbox(Sandbox):
     _shell: PersistentShell
     _closed: bool = False
+
+    def __init__(self, shell: PersistentShell, workdir: str, labels: dict[str, str]) -> None:
+        self._shell = shell
+        self.workdir = workdir
+        self.labels = labels
 
     async def _transfer(self, script: str, what: str) -> ExecResult:
         """Run a file-transfer script; its exit codes become Python's file errors."""
@@ -27,18 +31,9 @@ class ShellBackedSandbox(Sandbox):
             raise OSError(f"file transfer failed for {what}: {result.stderr.strip()}")
         return result
 
-    async def exec(
-        self,
-        cmd: str,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
-        return await self._shell.run(
-            cmd, timeout=timeout, cwd=self.resolve(cwd or self.workdir), env=env, user=user
-        )
+    async def exec(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
+        options["cwd"] = self.resolve(options.get("cwd") or self.workdir)
+        return await self._shell.run(cmd, **options)
 
     async def close(self) -> None:
         if self._closed:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 STATE_PREFIX = "clotho-sbx-"
@@ -37,3 +39,14 @@ def make_state_dir(
 
 def remove_state_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def state_dir_until_started(state_dir: str | None, labels: dict[str, str]) -> Iterator[Path]:
+    """A new sandbox folder that is removed again if starting its sandbox fails."""
+    path = make_state_dir(state_dir, labels)
+    try:
+        yield path
+    except BaseException:
+        remove_state_dir(path)
+        raise

@@ -13,46 +13,40 @@ from pathlib import Path
 from clotho.sandbox.config import UnsafeLocalSandboxConfig, base_env
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.shell_backed import ShellBackedSandbox
-from clotho.sandbox.state import make_state_dir, remove_state_dir
+from clotho.sandbox.state import remove_state_dir, state_dir_until_started
+from clotho.sandbox.transfer import copy_host_file, read_host_file, write_host_file
 
 
 class UnsafeLocalSandbox(ShellBackedSandbox):
     def __init__(self, state: Path, shell: PersistentShell, labels: dict[str, str]) -> None:
+        super().__init__(shell, str(state / "app"), labels)
         self.state = state
-        self.workdir = str(state / "app")
-        self.labels = labels
-        self._shell = shell
-        self._closed = False
 
     @classmethod
     async def create(
         cls, config: UnsafeLocalSandboxConfig, labels: dict[str, str] | None = None
     ) -> UnsafeLocalSandbox:
         labels = dict(labels or {})
-        state = make_state_dir(config.state_dir, labels)
-        (state / "app").mkdir()
-        (state / "home").mkdir()
-        shell = PersistentShell(
-            ["bash", "--noprofile", "--norc"],
-            env=base_env(str(state / "home"), {"TMPDIR": str(state), **config.env}),
-            cwd=str(state / "app"),
-            max_output_bytes=config.max_output_bytes,
-            session=config.shell == "session",
-        )
-        try:
+        with state_dir_until_started(config.state_dir, labels) as state:
+            (state / "app").mkdir()
+            (state / "home").mkdir()
+            shell = PersistentShell(
+                ["bash", "--noprofile", "--norc"],
+                env=base_env(str(state / "home"), {"TMPDIR": str(state), **config.env}),
+                cwd=str(state / "app"),
+                max_output_bytes=config.max_output_bytes,
+                session=config.shell == "session",
+            )
             await shell.start()
-        except BaseException:
-            remove_state_dir(state)
-            raise
         return cls(state, shell, labels)
 
     async def read_file(self, path: str) -> bytes:
-        return await asyncio.to_thread(Path(self.resolve(path)).read_bytes)
+        return await read_host_file(Path(self.resolve(path)))
 
     async def write_file(self, path: str, data: bytes) -> None:
         target = Path(self.resolve(path))
         target.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(target.write_bytes, data)
+        await write_host_file(target, data)
 
     async def upload(self, local: Path, remote: str) -> None:
         target = Path(self.resolve(remote))
@@ -61,7 +55,8 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
                 shutil.copytree, local, target, symlinks=True, dirs_exist_ok=True
             )
         else:
-            await self.write_file(remote, local.read_bytes())
+            target.parent.mkdir(parents=True, exist_ok=True)
+            await copy_host_file(local, target)
 
     async def download(self, remote: str, local: Path) -> None:
         source = Path(self.resolve(remote))
@@ -71,7 +66,7 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
         if source.is_dir():
             await asyncio.to_thread(shutil.copytree, source, local, symlinks=True)
         else:
-            await asyncio.to_thread(shutil.copy2, source, local)
+            await copy_host_file(source, local)
 
     async def _release(self) -> None:
         await asyncio.to_thread(remove_state_dir, self.state)

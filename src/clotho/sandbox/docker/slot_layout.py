@@ -14,10 +14,11 @@ import posixpath
 import shlex
 from dataclasses import dataclass
 
+from clotho.sandbox.transfer import XFER_MOUNT
+
 SLOT_ROOT = "/slots"
 SLOT_UID_BASE = 40000
 SLOT_ENV = "CLOTHO_SLOT"
-XFER_MOUNT = "/.clotho"
 # Paths an isolated slot writes, besides its workdir: private, each bound from the slot's folder.
 _PRIVATE = {
     "/tmp": "tmp",

@@ -31,10 +31,7 @@ from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.docker.slot_layout import SlotLayout
 from clotho.sandbox.shell import PersistentShell
-from clotho.sandbox.shell_backed import IS_DIR_EXIT, NOT_FOUND_EXIT
-
-# Exit codes of our own transfer scripts.
-_BIG_FILE = 1 << 20
+from clotho.sandbox.transfer import BIG_FILE, IS_DIR_EXIT, NOT_FOUND_EXIT, read_host_file
 
 
 def _tree_tar(local: Path, name: str, uid: int) -> bytes:
@@ -118,60 +115,41 @@ class IsolatedSlotSandbox(SlotSandbox):
 
     isolation = "bwrap"
 
-    def _xfer(self) -> tuple[str, str, str]:
-        """A fresh transfer name: (name, container path, path inside the slot)."""
-        name = uuid.uuid4().hex
-        outer, inner = self.layout.resolve_xfer(name)
-        return name, outer, shlex.quote(inner)
-
-    async def _drop(self, inner: str) -> None:
-        with contextlib.suppress(Exception):
-            await self._shell.run(f"rm -rf -- {inner}")
-
     async def read_file(self, path: str) -> bytes:
         path = self.resolve(path)
         q = shlex.quote(path)
-        _, outer, inner = self._xfer()
-        try:
-            await self._transfer(
-                f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; "
-                f"cat -- {q} > {inner}",
-                path,
-            )
-            return await self._fetch(outer, path)
-        finally:
-            await self._drop(inner)
+        return await self._through_xfer(
+            f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; cat -- {q}",
+            path,
+        )
 
     async def write_file(self, path: str, data: bytes) -> None:
         path = self.resolve(path)
         q = shlex.quote(path)
-        name, _, inner = self._xfer()
-        if len(data) > _BIG_FILE:
+        name = uuid.uuid4().hex
+        if len(data) > BIG_FILE:
             archive = await asyncio.to_thread(_bytes_tar, name, data, self.layout.uid)
         else:
             archive = _bytes_tar(name, data, self.layout.uid)
-        await self._put(self.layout.xfer_dir, archive)
-        await self._transfer(
-            f"trap 'rm -f -- {inner}' EXIT; [ -d {q} ] && exit {IS_DIR_EXIT}; "
-            f'mkdir -p -- "$(dirname -- {q})" && cat -- {inner} > {q}',
+        await self._from_xfer(
+            name,
+            archive,
+            f'[ -d {q} ] && exit {IS_DIR_EXIT}; mkdir -p -- "$(dirname -- {q})" && cat -- "$x" > {q}',
             path,
         )
 
     async def upload(self, local: Path, remote: str) -> None:
         remote = self.resolve(remote)
         if local.is_file():
-            await self.write_file(remote, await asyncio.to_thread(local.read_bytes))
+            await self.write_file(remote, await read_host_file(local))
             return
         if not local.is_dir():
             raise FileNotFoundError(f"no such file or directory on the host: {local}")
-        name, _, inner = self._xfer()
+        name = uuid.uuid4().hex
         archive = await asyncio.to_thread(_tree_tar, local, name, self.layout.uid)
-        await self._put(self.layout.xfer_dir, archive)
         q = shlex.quote(remote)
-        await self._transfer(
-            f"trap 'rm -f -- {inner}' EXIT; mkdir -p -- {q} && "
-            f"tar -xf {inner} -C {q} --no-same-owner",
-            remote,
+        await self._from_xfer(
+            name, archive, f'mkdir -p -- {q} && tar -xf "$x" -C {q} --no-same-owner', remote
         )
 
     async def download(self, remote: str, local: Path) -> None:
@@ -179,24 +157,36 @@ class IsolatedSlotSandbox(SlotSandbox):
         if local.exists():
             raise FileExistsError(f"download target already exists: {local}")
         q = shlex.quote(remote)
-        _, outer, inner = self._xfer()
-        try:
-            await self._transfer(
-                f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; "
-                f'tar -cf {inner} -C "$(dirname -- {q})" -- "$(basename -- {q})"',
-                remote,
-            )
-            archive = await self._fetch(outer, remote)
-        finally:
-            await self._drop(inner)
+        archive = await self._through_xfer(
+            f'[ -e {q} ] || exit {NOT_FOUND_EXIT}; tar -cf - -C "$(dirname -- {q})" -- '
+            f'"$(basename -- {q})"',
+            remote,
+        )
         local.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(_extract_one, archive, posixpath.basename(remote), local)
 
-    async def _fetch(self, outer: str, what: str) -> bytes:
-        """The bytes of a regular file the slot left in its transfer folder."""
-        tar = await self._get_archive(outer)
-        member = tar.getmembers()[0]
-        extracted = tar.extractfile(member) if member.isfile() else None
-        if extracted is None:
-            raise OSError(f"file transfer failed for {what}: not a regular file")
-        return extracted.read()
+    async def _from_xfer(self, name: str, archive: bytes, script: str, what: str) -> None:
+        """Put `archive` (a tar of the one file `name`) into the transfer folder, then run
+        `script` in the slot, where "$x" is that file (removed at the end)."""
+        await self._put(self.layout.xfer_dir, archive)
+        inner = shlex.quote(self.layout.resolve_xfer(name)[1])
+        await self._transfer(f"x={inner}; trap 'rm -f -- \"$x\"' EXIT; {script}", what)
+
+    async def _through_xfer(self, script: str, what: str) -> bytes:
+        """Run `script` in the slot with its stdout going to a fresh transfer file, and return
+        that file's bytes (fetched through the Engine API); the file is removed after."""
+        outer, inner = self.layout.resolve_xfer(uuid.uuid4().hex)
+        inner = shlex.quote(inner)
+        try:
+            await self._transfer(f"{{ {script}\n}} > {inner}", what)
+            tar = await self._get_archive(outer)
+            member = tar.getmembers()[0]
+            extracted = tar.extractfile(member) if member.isfile() else None
+            if extracted is None:
+                raise OSError(f"file transfer failed for {what}: not a regular file")
+            if member.size > BIG_FILE:
+                return await asyncio.to_thread(extracted.read)
+            return extracted.read()
+        finally:
+            with contextlib.suppress(Exception):
+                await self._shell.run(f"rm -f -- {inner}")
