@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F401
 
-from clotho.errors import SandboxError
+from clotho.errors import TaskError
 from clotho.sandbox import open_sandbox
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker import images
@@ -191,7 +191,7 @@ async def test_failing_dockerfile_raises_with_the_build_log(
     )
     tag = expected_tag(context, f"broken-{token}")
     tags.append(tag)
-    with pytest.raises(SandboxError) as info:
+    with pytest.raises(TaskError) as info:  # the task's fault: --resume does not retry it
         await ensure_context_image(docker, context, f"broken-{token}")
     message = str(info.value)
     assert str(context) in message

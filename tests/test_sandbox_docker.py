@@ -7,6 +7,7 @@ daemon is set up on purpose, its absence fails the tests instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import random
@@ -205,7 +206,8 @@ async def test_labels_on_the_container(sandbox: DockerSandbox, docker: Any) -> N
 
 @requires_docker
 async def test_lease_length_is_configurable(docker: Any) -> None:
-    sb = await DockerSandbox.create(DockerSandboxConfig(), {"custom": "x"}, lease_s=120)
+    sb = await open_sandbox(DockerSandboxConfig(), {"custom": "x"}, lease_s=120)
+    assert isinstance(sb, DockerSandbox)
     try:
         labels = (await inspect(docker, sb))["Config"]["Labels"]
         assert 100 < int(labels[LEASE_EXPIRES]) - time.time() <= 121
@@ -438,7 +440,8 @@ async def test_image_without_bash_falls_back_to_sh(docker: Any, tmp_path: Path) 
     )
     tag = await build_image(docker, tmp_path, "clotho-test/nobash:latest")
     try:
-        sb = await DockerSandbox.create(DockerSandboxConfig(image=tag), docker=docker)
+        sb = await open_sandbox(DockerSandboxConfig(image=tag))
+        assert isinstance(sb, DockerSandbox)
         try:
             r = await sb.exec("echo hi; command -v bash || echo no-bash; exit 3")
             assert (r.stdout, r.exit_code) == ("hi\nno-bash\n", 3)
@@ -453,7 +456,8 @@ async def test_image_without_bash_falls_back_to_sh(docker: Any, tmp_path: Path) 
 
 async def test_the_shell_is_the_containers_own_process(docker: Any) -> None:
     """No exec to start a sandbox: the container's command is the shell (on the FIFOs)."""
-    sb = await DockerSandbox.create(DockerSandboxConfig(), docker=docker)
+    sb = await open_sandbox(DockerSandboxConfig())
+    assert isinstance(sb, DockerSandbox)
     try:
         info = await inspect(docker, sb)
         assert (
@@ -481,7 +485,8 @@ async def test_an_images_entrypoint_still_runs(docker: Any, tmp_path: Path) -> N
     )
     tag = await build_image(docker, tmp_path, f"clotho-test/entrypoint:{secrets.token_hex(4)}")
     try:
-        sb = await DockerSandbox.create(DockerSandboxConfig(image=tag), docker=docker)
+        sb = await open_sandbox(DockerSandboxConfig(image=tag))
+        assert isinstance(sb, DockerSandbox)
         try:
             assert (await sb.exec("cat /tmp/entry-ran")).stdout == "entry\n"
             assert (await inspect(docker, sb))["Config"]["Cmd"] == ["sleep", "infinity"]
@@ -493,7 +498,8 @@ async def test_an_images_entrypoint_still_runs(docker: Any, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("stdio", ["fifo", "attach"])
 async def test_both_stdio_paths_run_commands(docker: Any, stdio: str) -> None:
-    sb = await DockerSandbox.create(DockerSandboxConfig(stdio=stdio), docker=docker)
+    sb = await open_sandbox(DockerSandboxConfig(stdio=stdio))
+    assert isinstance(sb, DockerSandbox)
     try:
         r = await sb.exec("echo out; echo err >&2; exit 4")
         assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 4)
@@ -505,8 +511,9 @@ async def test_both_stdio_paths_run_commands(docker: Any, stdio: str) -> None:
         assert shell_pid is not None
         inner = proctree.descendants(shell_pid)  # the session shell under the wrapper loop
         os.kill(shell_pid, signal.SIGKILL)  # the wrapper first: it must not restart anything
-        for pid in inner:
-            os.kill(pid, signal.SIGKILL)
+        for pid in inner:  # it may be gone already: the wrapper was the container's process
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         with pytest.raises(SandboxError):
             async with asyncio.timeout(10):
                 await sb.exec("echo never")

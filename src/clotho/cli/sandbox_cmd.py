@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Annotated
 
@@ -11,39 +10,56 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from clotho.sandbox.leases import (
-    SLOT_ISOLATION,
-    SLOTS,
-    SandboxRecord,
-    docker_records,
-    local_records,
-    owner_alive,
-    remove_docker,
-    remove_local,
-)
+from clotho.sandbox.backends import LocalBackend, SandboxBackend
+from clotho.sandbox.leases import SLOT_ISOLATION, SLOTS, SandboxRecord, owner_alive
 
 app = typer.Typer(help="List and clean up sandboxes.", no_args_is_help=True)
 console = Console()
 
+DockerUrl = Annotated[
+    str | None,
+    typer.Option(help="Docker Engine API address (default: DOCKER_HOST or the unix socket)"),
+]
+StateDir = Annotated[str | None, typer.Option(help="local sandbox folder (default: TMPDIR)")]
 
-async def _docker_list() -> tuple[list[SandboxRecord], str | None]:
-    try:
-        from clotho.sandbox.docker.backend import docker_client
 
-        docker = docker_client()
-    except Exception as exc:
-        return [], str(exc)
+def _backends(
+    state_dir: str | None, docker_url: str | None
+) -> tuple[list[SandboxBackend], str | None]:
+    """The backends to ask: local folders (bubblewrap and unsafe-local alike) and Docker."""
+    backends: list[SandboxBackend] = [LocalBackend(state_dir)]
     try:
-        return await docker_records(docker), None
-    except Exception as exc:
-        return [], f"docker: {exc}"
+        from clotho.sandbox.docker.backend import DockerBackend
+
+        backends.append(DockerBackend(docker_url, state_dir=state_dir))
+    except ImportError as exc:
+        return backends, f"docker: {exc}"
+    return backends, None
+
+
+async def _collect(
+    backends: list[SandboxBackend],
+) -> tuple[list[tuple[SandboxBackend, SandboxRecord]], list[str]]:
+    found: list[tuple[SandboxBackend, SandboxRecord]] = []
+    problems = []
+    for backend in backends:
+        try:
+            found += [(backend, r) for r in await backend.records()]
+        except Exception as exc:
+            problems.append(f"{backend.kind}: {exc}")
+    return found, problems
+
+
+async def _list(
+    state_dir: str | None, docker_url: str | None
+) -> tuple[list[SandboxRecord], list[str]]:
+    backends, problem = _backends(state_dir, docker_url)
+    try:
+        found, problems = await _collect(backends)
     finally:
-        await docker.close()
-
-
-async def _collect(state_dir: str | None) -> tuple[list[SandboxRecord], str | None]:
-    docker, problem = await _docker_list()
-    return local_records(state_dir) + docker, problem
+        for backend in backends:
+            await backend.aclose()
+    return [r for _, r in found], problems + ([problem] if problem else [])
 
 
 def _slots(record: SandboxRecord) -> str:
@@ -63,13 +79,9 @@ def _age(created: float | str | None) -> str:
 
 
 @app.command("ls")
-def ls_command(
-    state_dir: Annotated[
-        str | None, typer.Option(help="local sandbox folder (default: TMPDIR)")
-    ] = None,
-) -> None:
+def ls_command(state_dir: StateDir = None, docker_url: DockerUrl = None) -> None:
     """List clotho sandboxes (local folders and Docker containers) with their leases."""
-    records, problem = asyncio.run(_collect(state_dir))
+    records, problems = asyncio.run(_list(state_dir, docker_url))
     table = Table()
     for column in (
         "backend",
@@ -94,44 +106,43 @@ def ls_command(
             _age(r.created), left, "yes" if r.orphaned(now) else "",
         )  # fmt: skip
     console.print(table)
-    if problem:
-        console.print(f"[yellow]docker not listed:[/] {problem}")
+    for problem in problems:
+        console.print(f"[yellow]not listed:[/] {problem}")
 
 
-async def _gc(state_dir: str | None, everything: bool) -> tuple[int, str | None]:
-    records, problem = await _collect(state_dir)
-    doomed = [r for r in records if everything or r.orphaned()]
-    docker = None
+async def _gc(
+    state_dir: str | None, docker_url: str | None, everything: bool
+) -> tuple[int, list[str]]:
+    backends, problem = _backends(state_dir, docker_url)
+    problems = [problem] if problem else []
     removed = 0
     try:
-        for record in doomed:
-            if record.path is not None:  # a folder on this host (a local sandbox, FIFOs)
-                await asyncio.to_thread(remove_local, record)
-            else:
-                if docker is None:
-                    from clotho.sandbox.docker.backend import docker_client
-
-                    docker = docker_client()
-                await remove_docker(docker, record)
-            removed += 1
+        found, failed = await _collect(backends)
+        problems += failed
+        for backend, record in found:
+            if everything or record.orphaned():
+                try:
+                    await backend.remove(record)
+                except Exception as exc:
+                    problems.append(f"removing {record.backend} {record.id}: {exc}")
+                    continue
+                removed += 1
     finally:
-        if docker is not None:
-            with contextlib.suppress(Exception):
-                await docker.close()
-    return removed, problem
+        for backend in backends:
+            await backend.aclose()
+    return removed, problems
 
 
 @app.command("gc")
 def gc_command(
-    state_dir: Annotated[
-        str | None, typer.Option(help="local sandbox folder (default: TMPDIR)")
-    ] = None,
+    state_dir: StateDir = None,
+    docker_url: DockerUrl = None,
     all_: Annotated[
         bool, typer.Option("--all", help="remove every clotho sandbox, live owner or not")
     ] = False,
 ) -> None:
     """Remove sandboxes whose owner process is dead or whose lease expired."""
-    removed, problem = asyncio.run(_gc(state_dir, all_))
+    removed, problems = asyncio.run(_gc(state_dir, docker_url, all_))
     console.print(f"removed {removed} sandbox(es)")
-    if problem:
-        console.print(f"[yellow]docker not checked:[/] {problem}")
+    for problem in problems:
+        console.print(f"[yellow]not checked:[/] {problem}")

@@ -1,14 +1,32 @@
-"""Sandboxes: where agent commands and files live (bubblewrap locally, more backends later)."""
+"""Sandboxes: where agent commands and files live (bubblewrap, unsafe-local, Docker).
 
+Callers see only what is exported here: a `Sandbox`, its configuration, the pool, and the
+backend-neutral `EnvironmentSpec` -> `PreparedEnvironment` step; which backend runs is
+known only inside this package (`backends.py`).
+"""
+
+from clotho.sandbox.backends import EnvironmentSpec, PreparedEnvironment, SandboxBackend
 from clotho.sandbox.base import ExecResult, Sandbox
-from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig, UnsafeLocalSandboxConfig
+from clotho.sandbox.config import (
+    DockerSandboxConfig,
+    LocalSandboxConfig,
+    SandboxConfig,
+    UnsafeLocalSandboxConfig,
+)
 from clotho.sandbox.factory import open_sandbox
+from clotho.sandbox.pool import PoolConfig, SlotPool
 
 __all__ = [
+    "DockerSandboxConfig",
+    "EnvironmentSpec",
     "ExecResult",
     "LocalSandboxConfig",
+    "PoolConfig",
+    "PreparedEnvironment",
     "Sandbox",
+    "SandboxBackend",
     "SandboxConfig",
+    "SlotPool",
     "UnsafeLocalSandboxConfig",
     "open_sandbox",
 ]

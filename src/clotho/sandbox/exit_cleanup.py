@@ -3,21 +3,27 @@
 A normal run closes every sandbox in `finally` blocks; this `atexit` hook catches what an
 unexpected exit left: this process's local sandbox folders (their bubblewrap processes die
 with their parent already) and its Docker containers, removed through the Engine API with
-a plain synchronous HTTP call (the event loop is gone by then). SIGKILL skips atexit: that
-is what `clotho sandbox gc` and the pool's start-up reaping are for.
+a plain synchronous HTTP call (the event loop is gone by then). Containers are removed on
+every daemon address this process started one on (the backend registers the address its
+client actually uses, a configured `docker_url` included). SIGKILL skips atexit: that is
+what `clotho sandbox gc` and the pool's start-up reaping are for.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import http.client
 import json
+import logging
 import os
 import socket
 import urllib.parse
 
 from clotho.sandbox.leases import OWNER, local_records, owner_label, remove_local
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DOCKER_URL = "unix:///var/run/docker.sock"
 
 _registered: set[str] = set()
 
@@ -33,20 +39,23 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self._path)
 
 
-def _docker_socket() -> str | None:
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if host.startswith("unix://"):
-        path = host[len("unix://") :]
-        return path if os.path.exists(path) else None
-    return None
+def _connection(url: str) -> http.client.HTTPConnection | None:
+    """A plain HTTP connection to the Engine API at `url` (unix:// or tcp:// / http://)."""
+    if url.startswith("unix://"):
+        path = url[len("unix://") :]
+        return _UnixHTTPConnection(path) if os.path.exists(path) else None
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme in ("tcp", "http") and parsed.hostname:
+        return http.client.HTTPConnection(parsed.hostname, parsed.port or 2375, timeout=10)
+    return None  # https needs client certificates: left to `clotho sandbox gc`
 
 
-def remove_owned_containers(owner: str) -> int:
-    path = _docker_socket()
-    if path is None:
+def remove_owned_containers(owner: str, url: str = DEFAULT_DOCKER_URL) -> int:
+    """Force-remove the containers labelled with `owner` on the daemon at `url`."""
+    conn = _connection(url)
+    if conn is None:
         return 0
     filters = urllib.parse.quote(json.dumps({"label": [f"{OWNER}={owner}"]}))
-    conn = _UnixHTTPConnection(path)
     try:
         conn.request("GET", f"/containers/json?all=1&filters={filters}")
         containers = json.loads(conn.getresponse().read() or b"[]")
@@ -58,21 +67,35 @@ def remove_owned_containers(owner: str) -> int:
         conn.close()
 
 
-def _cleanup(owner: str, state_dir: str | None, docker: bool) -> None:
-    with contextlib.suppress(Exception):
+def _cleanup_local(owner: str, state_dir: str | None) -> None:
+    try:
         for record in local_records(state_dir):
             if record.owner == owner:
                 remove_local(record)
-    if docker:
-        with contextlib.suppress(Exception):
-            remove_owned_containers(owner)
+    except Exception as exc:
+        log.warning("exit cleanup of sandbox folders in %s failed: %s", state_dir, exc)
 
 
-def register(kind: str, state_dir: str | None = None) -> None:
-    """Arrange the exit cleanup once per process and kind ("local" or "docker")."""
+def _cleanup_docker(owner: str, url: str) -> None:
+    try:
+        remove_owned_containers(owner, url)
+    except Exception as exc:
+        log.warning("exit cleanup of containers on %s failed: %s", url, exc)
+
+
+def register(kind: str, state_dir: str | None = None, *, docker_url: str | None = None) -> None:
+    """Arrange the exit cleanup once per process and place: "local" sandbox folders in
+    `state_dir`, or "docker" containers on the daemon at `docker_url` (the address the
+    client uses; None: the default unix socket)."""
     owner = owner_label()
-    key = f"{owner}:{kind}:{state_dir}"
-    if key in _registered:
+    if kind == "docker":
+        url = docker_url or DEFAULT_DOCKER_URL
+        key = f"{owner}:docker:{url}"
+        if key not in _registered:
+            _registered.add(key)
+            atexit.register(_cleanup_docker, owner, url)
         return
-    _registered.add(key)
-    atexit.register(_cleanup, owner, state_dir, kind == "docker")
+    key = f"{owner}:{kind}:{state_dir}"
+    if key not in _registered:
+        _registered.add(key)
+        atexit.register(_cleanup_local, owner, state_dir)

@@ -139,7 +139,11 @@ async def docker_records(docker: Any) -> list[SandboxRecord]:
 
 
 async def remove_docker(docker: Any, record: SandboxRecord) -> None:
+    """Force-remove a container; one that is already gone is not an error."""
     from aiodocker.exceptions import DockerError
 
-    with contextlib.suppress(DockerError):
+    try:
         await docker.containers.container(record.id).delete(force=True)
+    except DockerError as exc:
+        if exc.status != 404:
+            raise

@@ -2,9 +2,13 @@
 
 A sandbox an agent used is never handed out again: `release(reset=True)` destroys it in the
 background and, when the key is kept warm, starts a fresh replacement off the critical path.
-A fresh sandbox is clean by construction; before it is handed out it must answer a health
-check, or it is destroyed. `acquire` takes a warm sandbox when there is one, otherwise
-creates one, and waits (up to a timeout) when the pool is at `max_size`.
+A fresh sandbox is clean by construction; an idle one must answer a health check before it
+is handed out, or it is destroyed. `acquire` takes a warm sandbox when there is one,
+otherwise creates one, and waits (up to a timeout) when the pool is at `max_size`.
+
+Sandboxes are opened only through backends (`backends.py`): the pool keeps one per kind and
+place (`backend_key`), made on first use, reaps that backend's orphans then, and closes it
+in `close()`. `prepare` asks the backend what a task's environment needs (its image).
 """
 
 from __future__ import annotations
@@ -16,16 +20,20 @@ import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from clotho.errors import SandboxError
+from clotho.sandbox.backends import (
+    EnvironmentSpec,
+    PreparedEnvironment,
+    SandboxBackend,
+    backend_key,
+    make_backend,
+)
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
-
-if TYPE_CHECKING:
-    from clotho.sandbox.docker.slots import SlotHost
+from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +62,9 @@ class PoolConfig(BaseModel):
 
 
 @dataclass
-class _Slot:
+class _Pooled:
+    """A sandbox the pool tracks: its configuration key and when it was made, idle, checked."""
+
     sandbox: Sandbox
     key: str
     created: float = field(default_factory=time.monotonic)
@@ -87,14 +97,14 @@ class SlotPool:
         self._docker_url = docker_url
         self.labels = dict(labels or {})
         self._opener = opener or self._open
-        self._idle: dict[str, deque[_Slot]] = defaultdict(deque)
-        self._in_use: dict[int, _Slot] = {}
+        self._idle: dict[str, deque[_Pooled]] = defaultdict(deque)
+        self._in_use: dict[int, _Pooled] = {}
         self._starting = 0
         self._wanted: dict[str, SandboxConfig] = {}
         self._cond = asyncio.Condition()
         self._background: set[asyncio.Task[Any]] = set()
-        self._docker: Any = None
-        self._slots: SlotHost | None = None  # made on first use of slots_per_container > 1
+        self._backends: dict[str, SandboxBackend] = {}
+        self._reaped: set[str] = set()  # records already removed (backends may share some)
         self._maintenance: asyncio.Task[None] | None = None
         self._closed = False
         self.created = 0
@@ -102,35 +112,28 @@ class SlotPool:
 
     # -- opening sandboxes -------------------------------------------------------------
 
+    def _backend(self, config: SandboxConfig) -> SandboxBackend:
+        """The backend serving `config`, made on first use (its orphans are reaped then)."""
+        key = backend_key(config, docker_url=self._docker_url)
+        backend = self._backends.get(key)
+        if backend is None:
+            if self._closed:
+                raise SandboxError("the sandbox pool is closed")
+            backend = self._backends[key] = make_backend(config, docker_url=self._docker_url)
+            self._spawn(self._reap_orphans(backend))
+        return backend
+
     async def _open(self, config: SandboxConfig, labels: dict[str, str]) -> Sandbox:
-        if isinstance(config, DockerSandboxConfig):
-            from clotho.sandbox.docker.backend import DockerSandbox, docker_client
+        return await self._backend(config).open(config, labels, lease_s=self.config.lease_s)
 
-            if self._docker is None:
-                self._docker = docker_client(config.docker_url or self._docker_url)
-                self._spawn(self._reap_orphans(docker=True))
-            if config.slots_per_container > 1:  # slots of shared containers
-                from clotho.sandbox.docker.slots import SlotHost
-
-                if self._slots is None:
-                    self._slots = SlotHost(self._docker)
-                return await self._slots.open(config, labels, lease_s=self.config.lease_s)
-            return await DockerSandbox.create(
-                config, labels, docker=self._docker, lease_s=self.config.lease_s
-            )
-        from clotho.sandbox.factory import open_sandbox
-
-        return await open_sandbox(config, labels)
-
-    @property
-    def docker(self) -> Any:
-        """The shared Docker client (created on first use)."""
-        if self._docker is None:
-            from clotho.sandbox.docker.backend import docker_client
-
-            self._docker = docker_client(self._docker_url)
-            self._spawn(self._reap_orphans(docker=True))
-        return self._docker
+    async def prepare(
+        self, base: SandboxConfig, spec: EnvironmentSpec, *, force_build: bool = False
+    ) -> PreparedEnvironment:
+        """What to acquire with for a task's environment (its image built or found, its
+        limits applied) on `base`'s backend. A failed image build is a `TaskError`."""
+        if self._closed:
+            raise SandboxError("the sandbox pool is closed")
+        return await self._backend(base).prepare(base, spec, force_build=force_build)
 
     def _total(self) -> int:
         return len(self._in_use) + self._starting + sum(len(q) for q in self._idle.values())
@@ -147,43 +150,44 @@ class SlotPool:
     def start(self) -> None:
         if self._maintenance is None:
             self._maintenance = asyncio.create_task(self._maintain())
-            self._spawn(self._reap_orphans(docker=False))
+            self._backend(LocalSandboxConfig())  # reaps local leftovers in TMPDIR
 
-    async def _reap_orphans(self, *, docker: bool) -> None:
-        """Remove sandboxes that dead runs left behind (owner gone or lease expired)."""
-        from clotho.sandbox import leases
-
+    async def _reap_orphans(self, backend: SandboxBackend) -> None:
+        """Remove what dead runs left behind on `backend` (owner gone or lease expired)."""
         try:
-            if docker:
-                for record in await leases.docker_records(self.docker):
-                    if record.orphaned():
-                        await leases.remove_docker(self.docker, record)
-            else:
-                for record in leases.local_records():
-                    if record.orphaned():
-                        await asyncio.to_thread(leases.remove_local, record)
+            records = await backend.records()
         except Exception as exc:
-            log.warning("reaping orphaned sandboxes failed: %s", exc)
+            log.warning("listing %s sandboxes to reap failed: %s", backend.kind, exc)
+            return
+        for record in records:
+            key = f"{record.backend}:{record.path or record.id}"
+            if not record.orphaned() or key in self._reaped:
+                continue
+            self._reaped.add(key)
+            try:
+                await backend.remove(record)
+            except Exception as exc:
+                log.warning("reaping orphaned %s %s failed: %s", record.backend, record.id, exc)
 
     async def close(self) -> None:
         """Destroy every sandbox, idle or in use, and wait for background work."""
         self._closed = True
         if self._maintenance is not None:
             self._maintenance.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._maintenance
-        slots = [s for q in self._idle.values() for s in q] + list(self._in_use.values())
+            await asyncio.wait([self._maintenance])  # a cancel of close() itself propagates
+        pooled = [s for q in self._idle.values() for s in q] + list(self._in_use.values())
         self._idle.clear()
         self._in_use.clear()
-        await asyncio.gather(*(self._destroy(s) for s in slots), return_exceptions=True)
+        await asyncio.gather(*(self._destroy(s) for s in pooled), return_exceptions=True)
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
-        if self._slots is not None:
-            await self._slots.close()
-            self._slots = None
-        if self._docker is not None:
-            await self._docker.close()
-            self._docker = None
+        backends = list(self._backends.values())
+        self._backends.clear()
+        for backend in backends:
+            try:
+                await backend.aclose()
+            except Exception as exc:
+                log.warning("closing the %s backend failed: %s", backend.kind, exc)
 
     # -- acquire / release -------------------------------------------------------------
 
@@ -199,12 +203,12 @@ class SlotPool:
         key = config_key(config)
         deadline = time.monotonic() + (timeout or self.config.acquire_timeout_s)
         while True:
-            slot: _Slot | None = None
+            pooled: _Pooled | None = None
             async with self._cond:
                 while True:
                     if self._idle[key]:
-                        slot = self._idle[key].popleft()
-                        self._in_use[id(slot.sandbox)] = slot
+                        pooled = self._idle[key].popleft()
+                        self._in_use[id(pooled.sandbox)] = pooled
                         break
                     if self._total() < self.config.max_size:
                         self._starting += 1
@@ -219,15 +223,15 @@ class SlotPool:
                         )
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._cond.wait(), remaining)
-            if slot is None:
+            if pooled is None:
                 return await self._create_in_use(config, key, labels)
-            if await self._healthy(slot):
+            if await self._healthy(pooled):
                 self._want(key, config)
-                return slot.sandbox
+                return pooled.sandbox
             async with self._cond:
-                self._in_use.pop(id(slot.sandbox), None)
+                self._in_use.pop(id(pooled.sandbox), None)
                 self._cond.notify_all()
-            self._spawn(self._destroy(slot))
+            self._spawn(self._destroy(pooled))
 
     async def _create_in_use(
         self, config: SandboxConfig, key: str, labels: dict[str, str] | None
@@ -241,7 +245,7 @@ class SlotPool:
         # No await between opening and tracking: a cancellation cannot leak the sandbox.
         self.created += 1
         self._starting -= 1
-        self._in_use[id(sandbox)] = _Slot(sandbox, key)
+        self._in_use[id(sandbox)] = _Pooled(sandbox, key)
         self._want(key, config)
         return sandbox
 
@@ -252,20 +256,20 @@ class SlotPool:
     async def release(self, sandbox: Sandbox, *, reset: bool = True) -> None:
         """Give a sandbox back. A used sandbox is destroyed and (if kept warm) replaced."""
         async with self._cond:
-            slot = self._in_use.pop(id(sandbox), None)
-            if slot is not None and not reset and not self._closed:
-                slot.idle_since = time.monotonic()
-                self._idle[slot.key].append(slot)
+            pooled = self._in_use.pop(id(sandbox), None)
+            if pooled is not None and not reset and not self._closed:
+                pooled.idle_since = time.monotonic()
+                self._idle[pooled.key].append(pooled)
             self._cond.notify_all()
-        if slot is None:
+        if pooled is None:
             await sandbox.close()
             return
         if reset and self.config.reset == "git" and not self._closed:
             self._starting += 1  # counted while it resets, so max_size holds
-            self._spawn(self._git_reset(slot))
+            self._spawn(self._git_reset(pooled))
         elif reset or self._closed:
-            self._spawn(self._destroy(slot))
-            self._refill(slot.key)
+            self._spawn(self._destroy(pooled))
+            self._refill(pooled.key)
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -321,34 +325,34 @@ class SlotPool:
         async with self._cond:
             self._starting -= 1
             if self._closed:
-                self._spawn(self._destroy(_Slot(sandbox, key)))
+                self._spawn(self._destroy(_Pooled(sandbox, key)))
             else:
-                self._idle[key].append(_Slot(sandbox, key))
+                self._idle[key].append(_Pooled(sandbox, key))
             self._cond.notify_all()
 
-    async def _git_reset(self, slot: _Slot) -> None:
+    async def _git_reset(self, pooled: _Pooled) -> None:
         """Reset a repository workspace in place; hand it out again only if proven clean."""
         clean = False
         try:
-            result = await slot.sandbox.exec(GIT_RESET, timeout=self.config.health_timeout_s * 6)
+            result = await pooled.sandbox.exec(GIT_RESET, timeout=self.config.health_timeout_s * 6)
             clean = result.exit_code == 0 and result.stdout == ""
             if clean:  # a fresh session shell: no variables, no background jobs of the agent
-                await slot.sandbox.exec(END_SESSION, timeout=self.config.health_timeout_s)
-                clean = (await slot.sandbox.exec("true")).exit_code == 0
+                await pooled.sandbox.exec(END_SESSION, timeout=self.config.health_timeout_s)
+                clean = (await pooled.sandbox.exec("true")).exit_code == 0
         except Exception as exc:
             log.warning("git reset of a sandbox failed: %s", exc)
         async with self._cond:
             self._starting -= 1
             if clean and not self._closed:
-                slot.idle_since = slot.checked = time.monotonic()
-                self._idle[slot.key].append(slot)
+                pooled.idle_since = pooled.checked = time.monotonic()
+                self._idle[pooled.key].append(pooled)
             self._cond.notify_all()
         if not clean or self._closed:
-            await self._destroy(slot)
+            await self._destroy(pooled)
 
     def _evict_other(self, key: str) -> bool:
         """At max_size, make room by destroying the oldest idle sandbox of another key."""
-        oldest: _Slot | None = None
+        oldest: _Pooled | None = None
         for other, queue in self._idle.items():
             if (
                 other != key
@@ -362,19 +366,23 @@ class SlotPool:
         self._spawn(self._destroy(oldest))
         return True
 
-    async def _healthy(self, slot: _Slot) -> bool:
-        if time.monotonic() - slot.checked < self.config.health_interval_s:
+    async def _healthy(self, pooled: _Pooled) -> bool:
+        """Whether an idle sandbox still answers (not asked again within health_interval_s)."""
+        if time.monotonic() - pooled.checked < self.config.health_interval_s:
             return True
         try:
-            result = await slot.sandbox.exec("true", timeout=self.config.health_timeout_s)
-        except Exception:
+            result = await pooled.sandbox.exec("true", timeout=self.config.health_timeout_s)
+        except Exception as exc:
+            log.warning("an idle sandbox failed its health check: %s", exc)
             return False
-        slot.checked = time.monotonic()
-        return result.exit_code == 0
+        pooled.checked = time.monotonic()
+        if not result.ok:
+            log.warning("an idle sandbox failed its health check: %s", result)
+        return result.ok
 
-    async def _destroy(self, slot: _Slot) -> None:
+    async def _destroy(self, pooled: _Pooled) -> None:
         try:
-            await slot.sandbox.close()
+            await pooled.sandbox.close()
         except Exception as exc:
             log.warning("closing a sandbox failed: %s", exc)
         self.destroyed += 1
@@ -385,24 +393,25 @@ class SlotPool:
         task.add_done_callback(self._background.discard)
 
     async def _maintain(self) -> None:
-        """Retire idle sandboxes past the idle timeout or the max lifetime; check health."""
+        """Retire idle sandboxes past the idle timeout or the max lifetime. Health is checked
+        when an idle sandbox is handed out (`_healthy`), not here."""
         while True:
             await asyncio.sleep(min(5.0, self.config.idle_timeout_s / 2))
             now = time.monotonic()
-            expired: list[_Slot] = []
+            expired: list[_Pooled] = []
             async with self._cond:
                 for queue in self._idle.values():
-                    for slot in list(queue):
+                    for pooled in list(queue):
                         if (
-                            now - slot.idle_since > self.config.idle_timeout_s
-                            or now - slot.created > self.config.max_lifetime_s
+                            now - pooled.idle_since > self.config.idle_timeout_s
+                            or now - pooled.created > self.config.max_lifetime_s
                         ):
-                            queue.remove(slot)
-                            expired.append(slot)
+                            queue.remove(pooled)
+                            expired.append(pooled)
                 if expired:
                     self._cond.notify_all()
-            for slot in expired:
-                self._spawn(self._destroy(slot))
+            for pooled in expired:
+                self._spawn(self._destroy(pooled))
 
     def stats(self) -> dict[str, int]:
         return {

@@ -1,16 +1,27 @@
-"""The Docker backend: a container per sandbox, a persistent shell attached over the API.
+"""The Docker backend: `DockerBackend` (one per daemon address) and `DockerSandbox`.
 
-Containers run `sleep infinity` under docker-init, with network `none` unless enabled,
-CPU / memory / pids limits, and labels naming clotho, the owner process, the run and the
-lease. Files travel as tar archives through the Engine API. Closing kills the container
-(SIGKILL, no stop grace period) and removes it.
+`DockerBackend` holds what its sandboxes share: the aiodocker client, the `SlotHost` of
+shared containers, what it learnt about images (keyed by image ID, so a rebuilt tag is asked
+afresh), task image builds, and listing and removing its containers by label.
+
+A sandbox is a container whose own process is the persistent shell: with `stdio: fifo` (a
+local daemon) the container's command is `fifo.main_shell_command`, which redirects to three
+FIFOs in a bind-mounted host folder, announces `bash` or `sh` and execs it, so a sandbox
+costs a create and a start and no exec, and command I/O never passes through dockerd. An
+image with an ENTRYPOINT keeps it: its container runs `sleep infinity` through the
+entrypoint and the shell is an exec on the FIFOs; so does an image whose container does not
+announce a shell. With `stdio: attach` (or a remote daemon) the shell is an exec attached
+over the Engine API socket. Containers run under docker-init, with network `none` unless
+enabled, CPU / memory / pids limits, and labels naming clotho, the owner process, the run
+and the lease. Files travel as tar archives through the Engine API. Closing kills the
+container (SIGKILL, no stop grace period) and removes it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
+import logging
 import posixpath
 import secrets
 import shlex
@@ -18,19 +29,41 @@ import shutil
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from clotho.errors import SandboxError
+from clotho.errors import SandboxError, TaskError
 from clotho.sandbox import exit_cleanup
-from clotho.sandbox.config import DockerSandboxConfig, base_env
+from clotho.sandbox.backends import (
+    DEFAULT_LEASE_S,
+    EnvironmentSpec,
+    PreparedEnvironment,
+    SandboxBackend,
+)
+from clotho.sandbox.base import Sandbox
+from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig, base_env
 from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, main_shell_command, make_fifos
-from clotho.sandbox.leases import DOCKER_IO, lease_labels
+from clotho.sandbox.docker.images import ensure_context_image, image_exists
+from clotho.sandbox.leases import (
+    DOCKER_IO,
+    SandboxRecord,
+    docker_records,
+    lease_labels,
+    local_records,
+    remove_docker,
+    remove_local,
+)
 from clotho.sandbox.shell import PersistentShell, ShellChannel
 from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.state import make_state_dir, remove_state_dir
+
+if TYPE_CHECKING:
+    from clotho.sandbox.docker.slots import SlotHost
+
+log = logging.getLogger(__name__)
 
 LABEL = "clotho"
 INSTALL_HINT = "the docker backend needs the extra: pip install 'clotho-rl[docker]'"
@@ -42,6 +75,26 @@ def docker_client(url: str | None = None) -> Any:
     except ImportError as exc:
         raise SandboxError(INSTALL_HINT) from exc
     return aiodocker.Docker(url=url)
+
+
+def client_url(docker: Any) -> str | None:
+    """The address a client really talks to (a configured url, DOCKER_HOST or the socket)."""
+    path = getattr(getattr(docker, "connector", None), "path", None)
+    if path:  # aiodocker keeps "unix://localhost" as the host of a unix socket
+        return f"unix://{path}"
+    url = getattr(docker, "docker_host", None)
+    return str(url) if url else None
+
+
+async def delete_container(container: Any) -> None:
+    """Force-remove a container, shielded from the caller's cancellation; a failure is
+    logged (the reaper and `clotho sandbox gc` find what is left by its labels)."""
+    try:
+        await asyncio.shield(container.delete(force=True))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("removing container %s failed: %s", getattr(container, "id", "?"), exc)
 
 
 def container_body(
@@ -66,22 +119,36 @@ def container_body(
     }
 
 
-_ENTRYPOINTS: dict[str, bool] = {}  # image reference -> has an entrypoint (asked once)
+@dataclass
+class ImageFacts:
+    """What one image (by ID) is like; `None`: not probed yet."""
+
+    entrypoint: bool = False  # it wraps its command: the shell cannot be the first process
+    bash: bool | None = None
+    bwrap: bool | None = None  # isolated slots start there (slots.py)
+    problem: str = ""  # why they do not
 
 
-async def _has_entrypoint(docker: Any, image: str) -> bool:
-    """Whether the image wraps its command in an entrypoint. Such an image keeps the image's
-    own start-up: its container runs `sleep infinity` through the entrypoint and the shell is
-    exec'd, instead of being the container's first process."""
-    from aiodocker.exceptions import DockerError
+class ImageFactsCache:
+    """Image facts keyed by image ID: a tag rebuilt into another image is asked afresh. Each
+    lookup costs one `images.inspect` (a few ms, beside a container's 200 ms)."""
 
-    if image not in _ENTRYPOINTS:
+    def __init__(self, docker: Any) -> None:
+        self.docker = docker
+        self._by_id: dict[str, ImageFacts] = {}
+
+    async def get(self, image: str) -> ImageFacts:
+        from aiodocker.exceptions import DockerError
+
         try:
-            info = await docker.images.inspect(image)
+            info = await self.docker.images.inspect(image)
         except DockerError:
-            return False  # creating the container reports a missing image clearly
-        _ENTRYPOINTS[image] = bool((info.get("Config") or {}).get("Entrypoint"))
-    return _ENTRYPOINTS[image]
+            return ImageFacts()  # creating the container reports a missing image clearly
+        facts = self._by_id.get(info["Id"])
+        if facts is None:
+            entrypoint = bool((info.get("Config") or {}).get("Entrypoint"))
+            facts = self._by_id[info["Id"]] = ImageFacts(entrypoint=entrypoint)
+        return facts
 
 
 def _tar_of(local: Path, arcname: str) -> bytes:
@@ -103,7 +170,6 @@ class DockerSandbox(ShellBackedSandbox):
         container: Any,
         shell: PersistentShell,
         labels: dict[str, str],
-        owns_client: bool,
     ) -> None:
         self.config = config
         self.workdir = config.workdir
@@ -111,7 +177,6 @@ class DockerSandbox(ShellBackedSandbox):
         self.container = container
         self._docker = docker
         self._shell = shell
-        self._owns_client = owns_client
         self.io_dir: Path | None = None
         self._closed = False
 
@@ -125,15 +190,12 @@ class DockerSandbox(ShellBackedSandbox):
         config: DockerSandboxConfig,
         labels: dict[str, str] | None = None,
         *,
-        docker: Any = None,
-        lease_s: float = 6 * 3600,
+        docker: Any,
+        images: ImageFactsCache,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> DockerSandbox:
-
-        if config.slots_per_container > 1:
-            return await cls._create_slot(config, labels, docker=docker, lease_s=lease_s)
-        exit_cleanup.register("docker")
-        owns_client = docker is None
-        docker = docker or docker_client(config.docker_url)
+        """A container of its own (`DockerBackend.open` is the way in: it owns `docker`)."""
+        exit_cleanup.register("docker", docker_url=client_url(docker))
         labels = dict(labels or {})
         container = None
         io_dir: Path | None = None
@@ -144,10 +206,10 @@ class DockerSandbox(ShellBackedSandbox):
                 make_fifos(io_dir)
                 body["HostConfig"]["Binds"] = [f"{io_dir}:{FIFO_MOUNT}"]
                 shell = None
-                if not await _has_entrypoint(docker, config.image):
+                if not (await images.get(config.image)).entrypoint:
                     container, shell = await cls._main_shell(docker, body, config, io_dir)
                 if shell is not None:
-                    sandbox = cls(config, docker, container, shell, labels, owns_client)
+                    sandbox = cls(config, docker, container, shell, labels)
                     sandbox.io_dir = io_dir
                     return sandbox
                 make_fifos(io_dir, replace=True)  # the image cannot run it: exec a shell
@@ -161,14 +223,11 @@ class DockerSandbox(ShellBackedSandbox):
                 shell = await cls._start_shell(container, config, "sh", io_dir)
         except BaseException:
             if container is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(container.delete(force=True))
+                await delete_container(container)
             if io_dir is not None:
                 remove_state_dir(io_dir)
-            if owns_client:
-                await docker.close()
             raise
-        sandbox = cls(config, docker, container, shell, labels, owns_client)
+        sandbox = cls(config, docker, container, shell, labels)
         sandbox.io_dir = io_dir
         return sandbox
 
@@ -185,8 +244,7 @@ class DockerSandbox(ShellBackedSandbox):
         try:
             await container.start()
         except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(container.delete(force=True))
+            await delete_container(container)
             if isinstance(exc, DockerError):
                 raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
             raise
@@ -223,35 +281,13 @@ class DockerSandbox(ShellBackedSandbox):
             await shell.start()
         except SandboxError:
             await channel.close()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(container.delete(force=True))
+            await delete_container(container)
             return None, None
         except BaseException:
             await channel.close()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(container.delete(force=True))
+            await delete_container(container)
             raise
         return container, shell
-
-    @staticmethod
-    async def _create_slot(
-        config: DockerSandboxConfig,
-        labels: dict[str, str] | None,
-        *,
-        docker: Any,
-        lease_s: float,
-    ) -> DockerSandbox:
-        """A lone slot: its own container, in the slot layout (a pool shares containers)."""
-        from clotho.sandbox.docker.slots import SlotHost
-
-        owns_client = docker is None
-        docker = docker or docker_client(config.docker_url)
-        host = SlotHost(docker, owns_client=owns_client, single_use=True)
-        try:
-            return await host.open(config, labels, lease_s=lease_s)
-        except BaseException:
-            await asyncio.shield(host.close())
-            raise
 
     @staticmethod
     async def _start_shell(
@@ -357,10 +393,147 @@ class DockerSandbox(ShellBackedSandbox):
 
     async def _release(self) -> None:
         try:
-            with contextlib.suppress(Exception):
-                await self.container.delete(force=True)
+            await delete_container(self.container)
+        finally:
             if self.io_dir is not None:
                 await asyncio.to_thread(remove_state_dir, self.io_dir)
+
+
+class DockerBackend(SandboxBackend):
+    """The Docker daemon at one address, and everything its sandboxes share."""
+
+    kind = "docker"
+
+    def __init__(self, url: str | None = None, *, state_dir: str | None = None) -> None:
+        self.url = url
+        self._client: Any = None
+        self._images: ImageFactsCache | None = None
+        self._slots: SlotHost | None = None
+        self._state_dirs: set[str | None] = {None, state_dir}  # where FIFO folders live
+        self._prepare_locks: dict[str, asyncio.Lock] = {}
+        self._build_locks: dict[str, asyncio.Lock] = {}
+        self._built: set[str] = set()  # contexts built (or forced) by this backend
+        self._failed: dict[str, str] = {}  # contexts that failed to build: not tried again
+        self._closed = False
+
+    @property
+    def client(self) -> Any:
+        """The aiodocker client, made on first use."""
+        if self._closed:
+            raise SandboxError("the docker backend is closed")
+        if self._client is None:
+            self._client = docker_client(self.url)
+        return self._client
+
+    @property
+    def images(self) -> ImageFactsCache:
+        if self._images is None:
+            self._images = ImageFactsCache(self.client)
+        return self._images
+
+    async def open(
+        self,
+        config: SandboxConfig,
+        labels: dict[str, str],
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Sandbox:
+        if not isinstance(config, DockerSandboxConfig):
+            raise TypeError(f"the docker backend cannot open {type(config).__name__}")
+        self._state_dirs.add(config.state_dir)
+        if config.slots_per_container > 1:  # a slot of a shared container
+            if self._slots is None:
+                from clotho.sandbox.docker.slots import SlotHost
+
+                self._slots = SlotHost(self.client, facts=self.images.get)
+            return await self._slots.open(config, labels, lease_s=lease_s)
+        return await DockerSandbox.create(
+            config, labels, docker=self.client, images=self.images, lease_s=lease_s
+        )
+
+    # -- images ------------------------------------------------------------------------
+
+    async def prepare(
+        self, base: SandboxConfig, spec: EnvironmentSpec, *, force_build: bool = False
+    ) -> PreparedEnvironment:
+        """The task's image (prebuilt, or built from its Dockerfile once per content) and
+        its limits; the base config's own limits win over the task's."""
+        if not isinstance(base, DockerSandboxConfig):
+            raise TypeError(f"the docker backend cannot prepare {type(base).__name__}")
+        image, in_image = await self._image_for(spec, base.image, force_build)
+        config = base.model_copy(
+            update={
+                "image": image,
+                "cpus": base.cpus or spec.cpus,
+                "memory_mb": base.memory_mb or spec.memory_mb,
+            }
+        )
+        return PreparedEnvironment(config=config, workspace_in_image=in_image)
+
+    async def _image_for(
+        self, spec: EnvironmentSpec, default: str, force_build: bool
+    ) -> tuple[str, bool]:
+        """(image, whether it holds the workspace): a prebuilt image present here, else one
+        built from the context, else the base image."""
+        if spec.image and not force_build:
+            if await image_exists(self.client, spec.image):
+                return spec.image, spec.context is not None
+            if spec.context is None:
+                raise SandboxError(
+                    f"{spec.name}: image {spec.image} is not available locally "
+                    "and the task has no Dockerfile to build it from"
+                )
+        if spec.context is None:
+            return default, False
+        if not (spec.context / spec.dockerfile).is_file():
+            raise TaskError(f"{spec.name}: no {spec.dockerfile} in {spec.context}")
+        key = f"{spec.name}\0{spec.context}\0{spec.dockerfile}"
+        async with self._prepare_locks.setdefault(key, asyncio.Lock()):
+            if key in self._failed:  # every attempt of the task fails alike: no rebuild
+                raise TaskError(self._failed[key])
+            # Rebuilt once per backend (per run) when forced, not once per attempt.
+            force = force_build and key not in self._built
+            try:
+                tag = await ensure_context_image(
+                    self.client,
+                    spec.context,
+                    spec.name,
+                    dockerfile=spec.dockerfile,
+                    force=force,
+                    timeout_s=spec.build_timeout_s or 600.0,
+                    locks=self._build_locks,
+                )
+            except TaskError as exc:
+                self._failed[key] = str(exc)
+                raise
+            self._built.add(key)
+        return tag, True
+
+    # -- listing and removal -----------------------------------------------------------
+
+    async def records(self) -> list[SandboxRecord]:
+        """Containers on this daemon, and the host folders holding containers' FIFOs."""
+        found = await docker_records(self.client)
+        for state_dir in sorted(self._state_dirs, key=str):
+            folders = await asyncio.to_thread(local_records, state_dir)
+            found += [r for r in folders if r.backend == "docker-io"]
+        return found
+
+    async def remove(self, record: SandboxRecord) -> None:
+        if record.path is not None:
+            await asyncio.to_thread(remove_local, record)
+        else:
+            await remove_docker(self.client, record)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._slots is not None:
+                await self._slots.close()
         finally:
-            if self._owns_client:
-                await self._docker.close()
+            self._slots = None
+            if self._client is not None:
+                await self._client.close()
+                self._client = None

@@ -1,4 +1,9 @@
-"""Images: build a Dockerfile context once, tagged by a hash of its content, and reuse it."""
+"""Images: build a Dockerfile context once, tagged by a hash of its content, and reuse it.
+
+A build that fails (a failing step, a Dockerfile the daemon refuses, the build timeout) is
+the task's fault: `TaskError`, which `--resume` does not retry. A daemon that cannot be
+reached is infrastructure: `SandboxError`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from clotho.errors import SandboxError
+from clotho.errors import SandboxError, TaskError
 
 IMAGE_LABEL = "clotho.context-hash"
 
@@ -40,7 +45,12 @@ def tar_directory(directory: Path) -> bytes:
     return buffer.getvalue()
 
 
+def _unreachable(exc: Exception) -> SandboxError:
+    return SandboxError(f"the Docker daemon cannot be reached: {exc}")
+
+
 async def image_exists(docker: Any, tag: str) -> bool:
+    import aiohttp
     from aiodocker.exceptions import DockerError
 
     try:
@@ -50,6 +60,8 @@ async def image_exists(docker: Any, tag: str) -> bool:
         if exc.status == 404:
             return False
         raise SandboxError(f"docker image inspect {tag}: {exc}") from exc
+    except aiohttp.ClientError as exc:
+        raise _unreachable(exc) from exc
 
 
 async def build_image(
@@ -62,11 +74,14 @@ async def build_image(
     network: str = "host",
     nocache: bool = False,
 ) -> str:
-    """Build `context` into `tag` through the Engine API; a failed step raises SandboxError.
+    """Build `context` into `tag` through the Engine API; a failed build raises TaskError.
 
     Builds use the host network by default: this machine has no bridge network, and a
     Dockerfile that installs packages must reach a registry.
     """
+    import aiohttp
+    from aiodocker.exceptions import DockerError
+
     data = await asyncio.to_thread(tar_directory, context)
     params = {
         "t": tag,
@@ -100,11 +115,15 @@ async def build_image(
                         log.append(item["stream"])
                     if "error" in item:
                         tail = "".join(log)[-1500:]
-                        raise SandboxError(f"building {context} failed: {item['error']}\n{tail}")
+                        raise TaskError(f"building {context} failed: {item['error']}\n{tail}")
     except TimeoutError as exc:
-        raise SandboxError(f"building {context} took longer than {timeout_s:g} s") from exc
+        raise TaskError(f"building {context} took longer than {timeout_s:g} s") from exc
+    except DockerError as exc:  # the daemon answered and refused the build (bad Dockerfile)
+        raise TaskError(f"building {context} failed: {exc.message}") from exc
+    except aiohttp.ClientError as exc:
+        raise _unreachable(exc) from exc
     if not await image_exists(docker, tag):
-        raise SandboxError(f"building {context} produced no image {tag}: {''.join(log)[-1500:]}")
+        raise TaskError(f"building {context} produced no image {tag}: {''.join(log)[-1500:]}")
     return tag
 
 

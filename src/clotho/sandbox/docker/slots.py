@@ -14,17 +14,18 @@ Isolation: user namespaces are blocked by Docker's default seccomp profile, so a
 meant for isolated slots runs with `seccomp=unconfined` (capabilities stay Docker's reduced
 set, /proc stays masked). `auto` tries that once per image and falls back to none (in a
 container with the default profile) when bubblewrap is missing or does not work; the choice
-is logged and written in the container's `clotho.slot-isolation` label.
+is logged and written in the container's `clotho.slot-isolation` label. What an image was
+found to be is remembered by image ID (`ImageFactsCache`), so a rebuilt tag is probed afresh.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,13 @@ from typing import Any
 from clotho.errors import SandboxError
 from clotho.sandbox import exit_cleanup, proctree
 from clotho.sandbox.config import DockerSandboxConfig, base_env
-from clotho.sandbox.docker.backend import container_body
+from clotho.sandbox.docker.backend import (
+    ImageFacts,
+    ImageFactsCache,
+    client_url,
+    container_body,
+    delete_container,
+)
 from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, make_fifos
@@ -109,15 +116,6 @@ class NestedShellChannel(ShellChannel):
         await self._inner.close()
 
 
-@dataclass
-class _ImageFacts:
-    """What probing an image found (None: not probed yet)."""
-
-    bash: bool | None = None
-    bwrap: bool | None = None  # isolated slots start there
-    problem: str = ""  # why they do not
-
-
 def _no_bwrap(config: DockerSandboxConfig, problem: str) -> SandboxError:
     return SandboxError(
         f"slot_isolation='bwrap' cannot isolate slots in {config.image}: {problem}. "
@@ -127,8 +125,8 @@ def _no_bwrap(config: DockerSandboxConfig, problem: str) -> SandboxError:
 
 
 @dataclass
-class _Box:
-    """One container and its slot numbers."""
+class _SharedContainer:
+    """One container hosting slots: which numbers are free, how its slots are isolated."""
 
     key: str
     config: DockerSandboxConfig
@@ -161,17 +159,22 @@ class _Box:
 class SlotHost:
     """Hands out slots of shared containers, grouped by configuration and lease length.
 
-    One per pool (or per process), owning nothing global: close() removes every container.
-    With `single_use`, the host closes itself (and its own client) with its last container:
-    `open_sandbox` uses that for a lone slot sandbox.
+    One per Docker backend (`DockerBackend`), owning nothing global: close() removes every
+    container. `facts` looks up what an image is like by its ID (the backend shares its
+    cache); with `owns_client`, close() closes the client too.
     """
 
-    def __init__(self, docker: Any, *, owns_client: bool = False, single_use: bool = False):
+    def __init__(
+        self,
+        docker: Any,
+        *,
+        facts: Callable[[str], Awaitable[ImageFacts]] | None = None,
+        owns_client: bool = False,
+    ) -> None:
         self.docker = docker
         self._owns_client = owns_client
-        self._single_use = single_use
-        self._boxes: dict[str, list[_Box]] = defaultdict(list)
-        self._facts: dict[str, _ImageFacts] = {}
+        self._facts = facts or ImageFactsCache(docker).get
+        self._boxes: dict[str, list[_SharedContainer]] = defaultdict(list)
         self._lock = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -192,7 +195,9 @@ class SlotHost:
                 raise SandboxError("the slot host is closed")
             box = next((b for b in self._boxes[key] if b.accepts()), None)
             if box is None:
-                box = _Box(key, config, labels, lease_s, list(range(config.slots_per_container)))
+                box = _SharedContainer(
+                    key, config, labels, lease_s, list(range(config.slots_per_container))
+                )
                 self._boxes[key].append(box)
                 box.task = asyncio.ensure_future(self._start(box))
             index = box.take()
@@ -214,7 +219,7 @@ class SlotHost:
             raise
 
     async def _open_slot(
-        self, box: _Box, index: int, layout: SlotLayout, labels: dict[str, str]
+        self, box: _SharedContainer, index: int, layout: SlotLayout, labels: dict[str, str]
     ) -> SlotSandbox:
         config = box.config
         shell_name = "bash" if box.bash else "sh"
@@ -245,7 +250,9 @@ class SlotHost:
             layout=layout, slot=index, retire=lambda sb: self._give_back(box, index, layout),
         )  # fmt: skip
 
-    async def _give_back(self, box: _Box, index: int, layout: SlotLayout | None) -> None:
+    async def _give_back(
+        self, box: _SharedContainer, index: int, layout: SlotLayout | None
+    ) -> None:
         """Kill a slot's processes and wipe its folder; then its number is free again."""
         reusable = True
         container = box.container
@@ -274,7 +281,7 @@ class SlotHost:
         if empty:
             await self._remove(box)
 
-    def _forget(self, box: _Box) -> None:
+    def _forget(self, box: _SharedContainer) -> None:
         box.gone = True
         group = self._boxes.get(box.key, [])
         if box in group:
@@ -284,7 +291,7 @@ class SlotHost:
 
     # -- containers --------------------------------------------------------------------
 
-    async def _start(self, box: _Box) -> None:
+    async def _start(self, box: _SharedContainer) -> None:
         """Start the box's container and settle its isolation (probing once per image)."""
         try:
             await self._start_container(box)
@@ -293,9 +300,9 @@ class SlotHost:
                 self._forget(box)
             raise
 
-    async def _start_container(self, box: _Box) -> None:
+    async def _start_container(self, box: _SharedContainer) -> None:
         config = box.config
-        facts = self._facts.setdefault(config.image, _ImageFacts())
+        facts = await self._facts(config.image)
         want = config.slot_isolation
         if want == "auto" and facts.bwrap is not None:
             want = "bwrap" if facts.bwrap else "none"
@@ -333,11 +340,11 @@ class SlotHost:
         )  # fmt: skip
         await self._create(box, isolation="none")
 
-    async def _create(self, box: _Box, *, isolation: str) -> None:
+    async def _create(self, box: _SharedContainer, *, isolation: str) -> None:
         from aiodocker.exceptions import DockerError
 
         config = box.config
-        exit_cleanup.register("docker")
+        exit_cleanup.register("docker", docker_url=client_url(self.docker))
         labels = {
             **box.labels,
             SLOTS: str(config.slots_per_container),
@@ -364,22 +371,18 @@ class SlotHost:
         box.isolation = isolation
         box.created = time.monotonic()
 
-    async def _delete(self, box: _Box) -> None:
+    async def _delete(self, box: _SharedContainer) -> None:
         container, box.container = box.container, None
         io_dir, box.io_dir = box.io_dir, None
         if container is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(container.delete(force=True))
+            await delete_container(container)
         if io_dir is not None:
             await asyncio.to_thread(remove_state_dir, io_dir)
 
-    async def _remove(self, box: _Box) -> None:
-        if box.task is not None:
-            with contextlib.suppress(BaseException):
-                await box.task
+    async def _remove(self, box: _SharedContainer) -> None:
+        if box.task is not None:  # let a start in flight finish (its error went to open())
+            await asyncio.wait([box.task])
         await self._delete(box)
-        if self._single_use and not self._boxes:
-            await self.close()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

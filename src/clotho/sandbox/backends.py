@@ -1,0 +1,174 @@
+"""The backend contract: what a sandbox backend implements, and what callers ask of it.
+
+A backend is the one place that knows how its sandboxes are made: it opens them, prepares
+the environment a task asks for (for Docker: its image), lists and removes what it left
+behind (by labels), and holds whatever it shares between its sandboxes (a client, shared
+containers, what it learnt about images). The pool (`pool.py`) keeps one backend per kind
+and place (`backend_key`) and does everything else: leases and labels, warm sandboxes,
+health checks, reset, maintenance, reaping. Nothing outside `sandbox/` knows which backend
+runs: callers hand an `EnvironmentSpec` to `SlotPool.prepare` and acquire with the config
+they get back. See "The backend contract" in docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from clotho.sandbox.base import Sandbox
+from clotho.sandbox.config import (
+    DockerSandboxConfig,
+    LocalSandboxConfig,
+    SandboxConfig,
+    UnsafeLocalSandboxConfig,
+)
+from clotho.sandbox.leases import SandboxRecord, local_records, remove_local
+
+DEFAULT_LEASE_S = 6 * 3600.0
+
+
+class EnvironmentSpec(BaseModel):
+    """What a task asks of its sandbox, backend-neutral: the backend decides what it means."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="task name: image tag and labels")
+    context: Path | None = Field(None, description="folder holding the Dockerfile to build")
+    dockerfile: str = Field("Dockerfile", description="file name inside context")
+    image: str | None = Field(None, description="a prebuilt image reference")
+    build_timeout_s: float | None = Field(None, gt=0)
+    cpus: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0)
+    storage_mb: int | None = Field(None, gt=0, description="recorded; no backend enforces it yet")
+
+
+class PreparedEnvironment(BaseModel):
+    """What to acquire with, and whether the workspace is already in place."""
+
+    config: SandboxConfig
+    workspace_in_image: bool = Field(
+        description="the image already holds the task's workspace (built from its "
+        "Dockerfile): do not upload environment/"
+    )
+
+
+class SandboxBackend(abc.ABC):
+    """One kind of sandbox in one place (a daemon, a state folder), shared by its sandboxes.
+
+    `open` returns a `Sandbox` that carries the exec channel, file transfer and `close`
+    (destroy) itself. A backend owns no process-global state: two of them, even of one
+    kind, live side by side, and `aclose` releases what this one holds.
+    """
+
+    kind: ClassVar[str]
+
+    @abc.abstractmethod
+    async def open(
+        self,
+        config: SandboxConfig,
+        labels: dict[str, str],
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Sandbox:
+        """A fresh sandbox labelled with `labels` and a lease of `lease_s` seconds. Raises
+        `SandboxError` when it cannot be made; leaves nothing behind when it fails."""
+
+    async def prepare(
+        self, base: SandboxConfig, spec: EnvironmentSpec, *, force_build: bool = False
+    ) -> PreparedEnvironment:
+        """The config to acquire with for `spec` (image resolved, limits applied). The
+        default knows no images: the config is unchanged and the workspace is uploaded."""
+        return PreparedEnvironment(config=base, workspace_in_image=False)
+
+    @abc.abstractmethod
+    async def records(self) -> list[SandboxRecord]:
+        """Every clotho sandbox this backend can see in its place, live or orphaned."""
+
+    @abc.abstractmethod
+    async def remove(self, record: SandboxRecord) -> None:
+        """Remove one listed sandbox and its processes; one already gone is not an error."""
+
+    async def aclose(self) -> None:  # noqa: B027 (a backend holding nothing has nothing to do)
+        """Release what the backend holds (clients, shared containers). Idempotent."""
+
+
+class FolderBackend(SandboxBackend):
+    """Sandboxes that are a labelled host folder plus processes (`state.py`).
+
+    The folders of bubblewrap and unsafe-local sandboxes look alike, so both backends list
+    every sandbox folder in their state folder (as records of backend "local").
+    """
+
+    def __init__(self, state_dir: str | None = None) -> None:
+        self.state_dir = state_dir
+
+    async def records(self) -> list[SandboxRecord]:
+        found = await asyncio.to_thread(local_records, self.state_dir)
+        return [r for r in found if r.backend == "local"]
+
+    async def remove(self, record: SandboxRecord) -> None:
+        if record.path is not None:
+            await asyncio.to_thread(remove_local, record)
+
+
+class LocalBackend(FolderBackend):
+    """bubblewrap on this host (`bwrap.py`)."""
+
+    kind = "local"
+
+    async def open(
+        self,
+        config: SandboxConfig,
+        labels: dict[str, str],
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Sandbox:
+        from clotho.sandbox.bwrap import BwrapSandbox
+
+        if not isinstance(config, LocalSandboxConfig):
+            raise TypeError(f"the local backend cannot open {type(config).__name__}")
+        return await BwrapSandbox.create(config, labels)
+
+
+class UnsafeLocalBackend(FolderBackend):
+    """Plain processes in a host folder (`unsafe_local.py`): no isolation."""
+
+    kind = "unsafe-local"
+
+    async def open(
+        self,
+        config: SandboxConfig,
+        labels: dict[str, str],
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Sandbox:
+        from clotho.sandbox.unsafe_local import UnsafeLocalSandbox
+
+        if not isinstance(config, UnsafeLocalSandboxConfig):
+            raise TypeError(f"the unsafe-local backend cannot open {type(config).__name__}")
+        return await UnsafeLocalSandbox.create(config, labels)
+
+
+def backend_key(config: SandboxConfig, *, docker_url: str | None = None) -> str:
+    """Which backend instance serves `config`: one per kind and place (a daemon address, a
+    state folder). `docker_url` is the default for configs that name none."""
+    if isinstance(config, DockerSandboxConfig):
+        return f"docker {config.docker_url or docker_url or ''}"
+    return f"{config.backend} {config.state_dir or ''}"
+
+
+def make_backend(config: SandboxConfig, *, docker_url: str | None = None) -> SandboxBackend:
+    """A new backend for `config`'s kind and place (see `backend_key`)."""
+    if isinstance(config, LocalSandboxConfig):
+        return LocalBackend(config.state_dir)
+    if isinstance(config, UnsafeLocalSandboxConfig):
+        return UnsafeLocalBackend(config.state_dir)
+    if isinstance(config, DockerSandboxConfig):
+        from clotho.sandbox.docker.backend import DockerBackend
+
+        return DockerBackend(config.docker_url or docker_url, state_dir=config.state_dir)
+    raise TypeError(f"unknown sandbox config: {type(config).__name__}")
