@@ -348,13 +348,19 @@ def test_symlinked_folders_outside_the_searched_folder(make_task, tmp_path: Path
 
 
 def test_deep_folders_do_not_exhaust_the_stack(make_task, tmp_path: Path) -> None:
-    deep = tmp_path / "tasks"
+    levels = [tmp_path / "tasks"]
+    levels[0].mkdir()
     for _ in range(sys.getrecursionlimit() + 100):
-        deep = deep / "d"
-        deep.mkdir(parents=deep.parent == tmp_path / "tasks")  # one level at a time
-    make_task("bottom", root=deep)
-    tasks, errors = discover_tasks([tmp_path / "tasks"])
-    assert [t.name for t in tasks] == ["bottom"] and errors == []
+        levels.append(levels[-1] / "d")
+        levels[-1].mkdir()  # one level at a time: Path.mkdir(parents=True) recurses
+    try:
+        make_task("bottom", root=levels[-1])
+        tasks, errors = discover_tasks([levels[0]])
+        assert [t.name for t in tasks] == ["bottom"] and errors == []
+    finally:  # bottom up: shutil.rmtree (and pytest's own clean-up) would recurse too deep
+        shutil.rmtree(levels[-1] / "bottom")
+        for level in reversed(levels):
+            level.rmdir()
 
 
 def _discover_without_root_privileges(folder: Path) -> tuple[list[str], list[str]]:
