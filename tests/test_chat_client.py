@@ -19,7 +19,7 @@ from tests.scripted_openai import (
     usage,
 )
 
-from clotho.chat import ChatClient, ModelConfig, SamplingParams, Usage
+from clotho.chat import ChatClient, InvalidToolCall, ModelConfig, SamplingParams, ToolCall, Usage
 from clotho.errors import ConfigError, InfraError, ModelError
 
 USER = [{"role": "user", "content": "hello"}]
@@ -40,6 +40,43 @@ TOOLS = [
 
 
 # -- request body and response parsing ---------------------------------------------------------
+
+
+async def test_the_reply_is_read_once_into_a_model_turn() -> None:
+    """Reasoning split off, arguments parsed from their JSON text (kept as written), the
+    model's malformed arguments and unreadable calls kept with what is wrong: no retry."""
+    calls = [
+        tool_call("terminal", '{"command":  "ls"}', id="text"),
+        {"id": "obj", "type": "function", "function": {"name": "terminal", "arguments": {"a": 1}}},
+        tool_call("terminal", "", id="empty"),
+        tool_call("terminal", '{"command": "ls"', id="cut"),
+        tool_call("terminal", "[1, 2]", id="list"),
+        {"id": "nameless", "type": "function", "function": {"arguments": "{}"}},
+        "not a call",
+    ]
+    message = {"role": "assistant", "content": "<think>plan</think>Running.", "tool_calls": calls}
+    with ScriptedOpenAIServer([message]) as server:
+        async with chat_client(fast_config(server.base_url)) as client:
+            turn = await client.complete(USER, TOOLS)
+    assert len(server.requests) == 1
+    assert (turn.content, turn.reasoning) == ("Running.", "plan")
+    text, obj, empty, cut, listed = turn.tool_calls
+    assert text == ToolCall(
+        id="text", name="terminal", arguments={"command": "ls"}, text='{"command":  "ls"}'
+    )
+    assert (obj.arguments, obj.text) == ({"a": 1}, '{"a": 1}')
+    assert (empty.arguments, empty.text) == ({}, "")
+    assert cut.arguments is None and cut.text == '{"command": "ls"'
+    assert cut.error is not None and "the arguments of 'terminal' are not valid JSON" in cut.error
+    assert listed.arguments is None and listed.error == (
+        "the arguments of 'terminal' must be a JSON object"
+    )
+    assert [c.text for c in turn.invalid_tool_calls] == [
+        '{"id": "nameless", "type": "function", "function": {"arguments": "{}"}}',
+        '"not a call"',
+    ]
+    assert all(isinstance(c, InvalidToolCall) and c.error for c in turn.invalid_tool_calls)
+    assert client.session() is client and client.sequences(USER) is None
 
 
 async def test_request_body_has_model_messages_tools_sampling_and_extra_body() -> None:
@@ -72,8 +109,12 @@ async def test_request_body_has_model_messages_tools_sampling_and_extra_body() -
             "top_k": 20,
         }
     ]
-    assert response.message["content"] == "ok"
-    assert response.message["tool_calls"] == [call]
+    assert response.content == "ok"
+    assert response.tool_calls == [
+        ToolCall(
+            id="call_1", name="terminal", arguments={"command": "ls"}, text='{"command": "ls"}'
+        )
+    ]
     assert response.finish_reason == "tool_calls"
     assert response.usage == Usage(prompt_tokens=12, completion_tokens=3, total_tokens=15)
     assert response.model == "scripted-model"
@@ -165,7 +206,7 @@ async def test_5xx_is_retried_then_succeeds() -> None:
     with ScriptedOpenAIServer(script) as server:
         async with chat_client(fast_config(server.base_url)) as client:
             response = await client.complete(USER, TOOLS)
-    assert response.message["content"] == "third time lucky"
+    assert response.content == "third time lucky"
     assert len(server.requests) == 3
     # Every attempt sends the same request.
     assert server.requests[0] == server.requests[1] == server.requests[2]
@@ -175,7 +216,7 @@ async def test_429_is_retried() -> None:
     with ScriptedOpenAIServer([HTTPError(429), assistant("after the rate limit")]) as server:
         async with chat_client(fast_config(server.base_url)) as client:
             response = await client.complete(USER)
-    assert response.message["content"] == "after the rate limit"
+    assert response.content == "after the rate limit"
     assert len(server.requests) == 2
 
 
@@ -186,7 +227,7 @@ async def test_retry_after_is_capped_by_backoff_max() -> None:
             started = time.perf_counter()
             response = await client.complete(USER)
             elapsed = time.perf_counter() - started
-    assert response.message["content"] == "ok"
+    assert response.content == "ok"
     assert elapsed < 2.0
 
 
@@ -202,6 +243,7 @@ async def test_retry_after_is_capped_by_backoff_max() -> None:
         RawBody("[]"),
         RawBody('{"choices": [{"message": {"content": "x"}}], "usage": "many"}'),
         RawBody('{"choices": [{"message": {"content": "x"}}], "usage": {"total_tokens": "lots"}}'),
+        RawBody('{"choices": [{"message": {"content": "", "tool_calls": {"id": "c"}}}]}'),
     ],
     ids=[
         "not-json",
@@ -213,13 +255,14 @@ async def test_retry_after_is_capped_by_backoff_max() -> None:
         "json-array",
         "usage-not-object",
         "usage-not-int",
+        "tool-calls-not-a-list",
     ],
 )
 async def test_malformed_body_is_retried(bad: RawBody) -> None:
     with ScriptedOpenAIServer([bad, assistant("well-formed")]) as server:
         async with chat_client(fast_config(server.base_url)) as client:
             response = await client.complete(USER)
-    assert response.message["content"] == "well-formed"
+    assert response.content == "well-formed"
     assert len(server.requests) == 2
 
 
@@ -273,7 +316,7 @@ async def test_two_endpoints_are_used_round_robin() -> None:
         ScriptedOpenAIServer(default=assistant("from b")) as b,
     ):
         async with chat_client(fast_config(a.base_url, b.base_url)) as client:
-            answers = [(await client.complete(USER)).message["content"] for _ in range(6)]
+            answers = [(await client.complete(USER)).content for _ in range(6)]
     assert answers == ["from a", "from b"] * 3
     assert len(a.requests) == 3
     assert len(b.requests) == 3
@@ -287,7 +330,7 @@ async def test_dead_endpoint_is_skipped_after_its_failure() -> None:
         async with chat_client(config) as client:
             with pytest.raises(ModelError, match="ConnectError"):
                 await client.complete(USER)
-            answers = [(await client.complete(USER)).message["content"] for _ in range(5)]
+            answers = [(await client.complete(USER)).content for _ in range(5)]
     assert answers == ["healthy"] * 5
     assert len(healthy.requests) == 5
 
@@ -296,7 +339,7 @@ async def test_dead_endpoint_failure_is_retried_on_the_healthy_one() -> None:
     with ScriptedOpenAIServer(default=assistant("healthy")) as healthy:
         config = fast_config(unused_url(), healthy.base_url)
         async with chat_client(config) as client:
-            answers = [(await client.complete(USER)).message["content"] for _ in range(5)]
+            answers = [(await client.complete(USER)).content for _ in range(5)]
     assert answers == ["healthy"] * 5
     assert len(healthy.requests) == 5
 
@@ -309,7 +352,7 @@ async def test_endpoint_answering_5xx_is_skipped_for_the_cooldown() -> None:
         config = fast_config(broken.base_url, fine.base_url, unhealthy_cooldown_s=30)
         async with chat_client(config) as client:
             for _ in range(4):
-                assert (await client.complete(USER)).message["content"] == "fine"
+                assert (await client.complete(USER)).content == "fine"
     assert len(broken.requests) == 1
     assert len(fine.requests) == 4
 
@@ -334,7 +377,7 @@ async def test_only_endpoint_is_used_even_while_cooling_down() -> None:
         config = fast_config(server.base_url, unhealthy_cooldown_s=3600)
         async with chat_client(config) as client:
             response = await client.complete(USER)
-    assert response.message["content"] == "recovered"
+    assert response.content == "recovered"
     assert len(server.requests) == 2
 
 
@@ -360,5 +403,5 @@ async def test_request_timeout_then_a_fast_answer_succeeds() -> None:
         config = fast_config(server.base_url, timeout_s=0.2)
         async with chat_client(config) as client:
             response = await client.complete(USER)
-    assert response.message["content"] == "in time"
+    assert response.content == "in time"
     assert len(server.requests) == 2

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from tests.real_tokenizers import LLAMA3_TEMPLATE, LLAMA_DIR, QWEN_DIR
 
 from clotho.chat.template import ChatTemplate, ChatTemplateError, prepare_messages
-from clotho.chat.tokenizer import IGNORE_INDEX, TemplateTokenizer, load_chat_template
-from clotho.chat.types import FunctionCall, Message, ToolCall
+from clotho.chat.tokenizer import TemplateTokenizer, load_chat_template
+from clotho.chat.tokens import MASKED
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +109,11 @@ def masked_view(tt: TemplateTokenizer, tokens: list[int], masks: list[int]) -> s
     out: list[str] = []
     run: list[int] = []
     for token, mask in zip(tokens, masks, strict=True):
-        assert mask in (IGNORE_INDEX, token), "a mask is -100 or the token id itself"
-        if mask == IGNORE_INDEX and run:
+        assert mask in (MASKED, token), "a mask is -100 or the token id itself"
+        if mask == MASKED and run:
             out.append(f"[[{tt.decode(run)}]]")
             run = []
-        if mask == IGNORE_INDEX:
+        if mask == MASKED:
             out.append(tt.decode([token]))
         else:
             run.append(token)
@@ -230,6 +231,26 @@ def test_a_repeated_turn_is_matched_where_it_is(qwen: TemplateTokenizer) -> None
     query = "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n"
     expected = f"{query}[[OK.<|im_end|>]]\n{query}[[<think>\nr\n</think>\n\nOK.<|im_end|>]]\n"
     check_masks(qwen, messages, expected)
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    """A caller's own pydantic message model (fields left None are not rendered)."""
+
+    role: str
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 def test_pydantic_messages_are_accepted(qwen: TemplateTokenizer) -> None:

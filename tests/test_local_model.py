@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clotho.chat.tokenizer import IGNORE_INDEX, TemplateTokenizer
-from clotho.chat.tokens import TokenClient, TokenSampling
+from clotho.chat.tokenizer import TemplateTokenizer
+from clotho.chat.tokens import MASKED, TokenClient, TokenSampling
 from clotho.errors import ConfigError, ModelError
 
 pytest.importorskip("gguf", reason="gguf is not installed (dev or local extra)")
@@ -171,7 +171,7 @@ def test_chat_template_renders_chatml(smol: TemplateTokenizer) -> None:
         "<|im_start|>assistant\nHello!<|im_end|>\n"
     )
     tokens, masks = smol.tokens_and_masks(messages[:2])
-    trained = [t for t, m in zip(tokens, masks, strict=True) if m != IGNORE_INDEX]
+    trained = [t for t, m in zip(tokens, masks, strict=True) if m != MASKED]
     assert smol.decode(trained) == "Hello!<|im_end|>"
 
 

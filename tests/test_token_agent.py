@@ -25,10 +25,9 @@ from tests.replay_tokens import ReplayTokenClient
 from tests.scripted_openai import fast_config
 
 from clotho.agent import AgentLimits, AgentLoop
-from clotho.agent.token_model import TokenModel
-from clotho.chat.ledger import NOT_SAMPLED
-from clotho.chat.tokenizer import IGNORE_INDEX, TemplateTokenizer
-from clotho.chat.tokens import Generation, TokenSampling
+from clotho.chat.token_model import TokenModel
+from clotho.chat.tokenizer import TemplateTokenizer
+from clotho.chat.tokens import MASKED, NOT_SAMPLED, Generation, TokenSampling
 from clotho.sandbox import LocalSandboxConfig, Sandbox, open_sandbox
 from clotho.tools import ToolRuntime, default_registry
 
@@ -81,15 +80,11 @@ def assert_ledger_matches(
         done = prompts[k - 1] + generations[k - 1].token_ids
         assert prompts[k][: len(done)] == done, f"prompt {k} does not extend turn {k - 1}"
     assert tokens[: len(prompts[-1])] == prompts[-1]
-    sampled = [
-        (t, lp) for t, m, lp in zip(tokens, masks, logprobs, strict=True) if m != IGNORE_INDEX
-    ]
+    sampled = [(t, lp) for t, m, lp in zip(tokens, masks, logprobs, strict=True) if m != MASKED]
     expected = [(t, lp) for g in generations for t, lp in zip(g.token_ids, g.logprobs, strict=True)]
     assert sampled == expected
-    assert all(
-        lp == NOT_SAMPLED for m, lp in zip(masks, logprobs, strict=True) if m == IGNORE_INDEX
-    )
-    assert all(m == t for t, m in zip(tokens, masks, strict=True) if m != IGNORE_INDEX)
+    assert all(lp == NOT_SAMPLED for m, lp in zip(masks, logprobs, strict=True) if m == MASKED)
+    assert all(m == t for t, m in zip(tokens, masks, strict=True) if m != MASKED)
 
 
 async def test_replayed_qwen3_rollout_keeps_exact_tokens_and_reports_bad_calls(
@@ -197,7 +192,7 @@ async def test_embedded_model_rollout_over_http_is_token_exact(
         (t, lp)
         for s in result.sequences
         for t, m, lp in zip(s.tokens, s.masks, s.logprobs, strict=True)
-        if m != IGNORE_INDEX
+        if m != MASKED
     ]
     expected = [
         (t, lp)
@@ -278,8 +273,8 @@ async def test_environment_on_a_token_backend_scores_exact_sequences() -> None:
         assert len(own) == 2
         served = [(t, lp) for g in own for t, lp in zip(g.token_ids, g.logprobs, strict=True)]
         rows = list(zip(tokens, masks, logprobs, strict=True))
-        assert [(t, lp) for t, m, lp in rows if m != IGNORE_INDEX] == served
-        assert all(lp == NOT_SAMPLED for _, m, lp in rows if m == IGNORE_INDEX)
+        assert [(t, lp) for t, m, lp in rows if m != MASKED] == served
+        assert all(lp == NOT_SAMPLED for _, m, lp in rows if m == MASKED)
 
 
 async def test_a_template_without_tools_gets_them_in_the_system_message(sandbox: Sandbox) -> None:
@@ -334,9 +329,9 @@ async def test_an_environment_without_a_model_runs_the_embedded_one(
     for tokens, masks, logprobs in zip(
         group.tokens, group.masks, group.inference_logprobs, strict=True
     ):
-        sampled = [lp for m, lp in zip(masks, logprobs, strict=True) if m != IGNORE_INDEX]
+        sampled = [lp for m, lp in zip(masks, logprobs, strict=True) if m != MASKED]
         assert sampled and all(lp <= 0.0 for lp in sampled)
-        assert all(m in (IGNORE_INDEX, t) for t, m in zip(tokens, masks, strict=True))
+        assert all(m in (MASKED, t) for t, m in zip(tokens, masks, strict=True))
     _, tokenizer = embedded
     im_end = tokenizer.encode("<|im_end|>")
     assert group.generation_params is not None

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from tests.real_tokenizers import LLAMA3_TEMPLATE, LLAMA_DIR, QWEN_DIR
 
-from clotho.chat.ledger import NOT_SAMPLED, TemplateBreak, TokenLedger, stop_token_ids
-from clotho.chat.tokenizer import IGNORE_INDEX, TemplateTokenizer
-from clotho.chat.tokens import Generation
+from clotho.chat.ledger import TemplateBreak, TokenLedger, stop_token_ids
+from clotho.chat.tokenizer import TemplateTokenizer
+from clotho.chat.tokens import MASKED, NOT_SAMPLED, Generation
 
 TOOLS = [
     {
@@ -124,19 +124,19 @@ def test_ledger_equals_the_template_on_the_final_conversation(qwen: TemplateToke
         sampled = later[len(earlier) : len(earlier) + len(generation.token_ids)]
         assert sampled == generation.token_ids
     # Masks and logprobs cover exactly the sampled ids, in order.
-    trained = [t for t, m in zip(sequence.tokens, sequence.masks, strict=True) if m != IGNORE_INDEX]
+    trained = [t for t, m in zip(sequence.tokens, sequence.masks, strict=True) if m != MASKED]
     assert trained == [t for g in generations for t in g.token_ids]
-    assert all(m in (IGNORE_INDEX, t) for t, m in zip(sequence.tokens, sequence.masks, strict=True))
+    assert all(m in (MASKED, t) for t, m in zip(sequence.tokens, sequence.masks, strict=True))
     sampled_lps = [lp for lp, m in zip(sequence.logprobs, sequence.masks, strict=True) if m != -100]
     assert sampled_lps == [lp for g in generations for lp in g.logprobs]
     assert all(
         lp == NOT_SAMPLED
         for lp, m in zip(sequence.logprobs, sequence.masks, strict=True)
-        if m == IGNORE_INDEX
+        if m == MASKED
     )
     # The end-of-turn token is sampled (trained), the newline after it is not.
     im_end = qwen.tokenizer.token_to_id("<|im_end|>")
-    assert sequence.masks[-2] == im_end and sequence.masks[-1] == IGNORE_INDEX
+    assert sequence.masks[-2] == im_end and sequence.masks[-1] == MASKED
 
 
 def test_tokens_the_model_wrote_its_own_way_are_kept_not_retokenized(
@@ -181,7 +181,7 @@ def test_a_turn_cut_at_max_tokens_gets_the_template_closing_unmasked(
         "<|im_end|>\n"
     )
     assert qwen.decode(closing).endswith("<|im_end|>\n")
-    assert all(m == IGNORE_INDEX for m in sequence.masks[len(prompt) + len(ids) :])
+    assert all(m == MASKED for m in sequence.masks[len(prompt) + len(ids) :])
 
 
 def test_qwen3_new_user_turn_is_a_break_split_into_sequences(qwen: TemplateTokenizer) -> None:
@@ -250,7 +250,7 @@ def test_llama3_vocabulary_ledger_equals_the_template(tmp_path: Any) -> None:
             sampled += ids
     (sequence,) = ledger.finish(conversation)
     assert sequence.tokens == tt.encode(tt.render(conversation, TOOLS, **kwargs))
-    assert [m for m in sequence.masks if m != IGNORE_INDEX] == sampled
+    assert [m for m in sequence.masks if m != MASKED] == sampled
     assert tt.tokenizer.token_to_id("<|eot_id|>") in stop_token_ids(tt, kwargs)
 
 
@@ -275,7 +275,7 @@ def test_smollm2_tokenizer_ledger_equals_the_template() -> None:
     (sequence,) = ledger.finish(conversation)
     assert sequence.tokens == smol.encode(smol.render(conversation))
     assert ledger.breaks == []
-    trained = [m for m in sequence.masks if m != IGNORE_INDEX]
+    trained = [m for m in sequence.masks if m != MASKED]
     assert trained == [t for g in generations for t in g.token_ids]
     assert trained[-1] == smol.tokenizer.token_to_id("<|im_end|>")
     assert stop_token_ids(smol, None) == [smol.tokenizer.token_to_id("<|im_end|>")]

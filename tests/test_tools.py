@@ -15,7 +15,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import ValidationError
 
-from clotho.errors import ConfigError
+from clotho.errors import ConfigError, describe_validation_error
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.base import Sandbox
 from clotho.tools import (
@@ -29,9 +29,9 @@ from clotho.tools import (
     tool,
 )
 from clotho.tools.files import edit_file, read_file, search_files, write_file
-from clotho.tools.registry import describe_validation_error, parse_docstring
 from clotho.tools.runtime import truncate_middle
 from clotho.tools.terminal import terminal
+from clotho.tools.tool import parse_docstring
 
 
 async def call(t: Tool, rt: ToolRuntime, **arguments: Any) -> str:
@@ -398,13 +398,7 @@ def test_builtin_distributions() -> None:
     reg = default_registry()
     rng = random.Random(3)
     for _ in range(200):
-        assert names(reg.sample("terminal_only", rng)) == [
-            "terminal",
-            "read_file",
-            "write_file",
-            "edit_file",
-            "search_files",
-        ]
+        assert names(reg.sample("terminal_only", rng)) == ["terminal"]
         assert reg.sample("development", rng)
 
 
@@ -712,3 +706,17 @@ async def test_search_failures(tree: ToolRuntime) -> None:
         await call(search_files, tree, pattern="x", path="no/such/dir")
     with pytest.raises(ValidationError):
         search_files.validate({"pattern": "x", "mode": "regex"})
+
+
+@pytest.mark.bwrap
+async def test_search_keeps_the_agents_shell_session(tree: ToolRuntime) -> None:
+    """A search (matching, not matching, failing) must not end the session shell, which
+    holds what the agent exported and set."""
+    await call(terminal, tree, command="export AGENT_STATE=kept; LOCAL_VAR=also")
+    assert await call(search_files, tree, pattern="TODO", path="src/a.py") != "no matches"
+    assert await call(search_files, tree, pattern="nothing-matches-this") == "no matches"
+    assert await call(search_files, tree, pattern="*.none", mode="files") == "no matches"
+    with pytest.raises(ToolFailure, match="search failed"):
+        await call(search_files, tree, pattern="x", path="no/such/dir")
+    out = json.loads(await call(terminal, tree, command='echo "$AGENT_STATE $LOCAL_VAR"'))
+    assert out["output"] == "kept also\n"

@@ -2,7 +2,7 @@
 
 from clotho.agent.base import Agent, AgentContext
 from clotho.agent.llm import LLMAgent
-from clotho.agent.loop import AgentLimits, AgentLoop, ChatModel
+from clotho.agent.loop import AgentLimits, AgentLoop
 from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.agent.result import AgentResult, ToolErrorRecord
 
@@ -12,7 +12,6 @@ __all__ = [
     "AgentLimits",
     "AgentLoop",
     "AgentResult",
-    "ChatModel",
     "LLMAgent",
     "NopAgent",
     "OracleAgent",

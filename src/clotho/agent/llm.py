@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from clotho.agent.base import AgentContext
-from clotho.agent.loop import AgentLimits, AgentLoop, ChatModel
+from clotho.agent.loop import AgentLimits, AgentLoop
 from clotho.agent.result import AgentResult
-from clotho.agent.token_model import per_rollout
-from clotho.tools.registry import Tool
+from clotho.chat.models import Model
 from clotho.tools.runtime import ToolRuntime
+from clotho.tools.tool import Tool
 
 DEFAULT_SYSTEM_PROMPT = """\
 You are an expert engineer working in a Linux terminal to complete a task.
@@ -23,7 +24,7 @@ class LLMAgent:
 
     def __init__(
         self,
-        model: ChatModel,
+        model: Model,
         tools: Sequence[Tool],
         limits: AgentLimits | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
@@ -43,7 +44,7 @@ class LLMAgent:
                 update={"time_limit_s": min(own, ctx.time_limit_s) if own else ctx.time_limit_s}
             )
         runtime = ToolRuntime(sandbox=ctx.sandbox, max_output_chars=self.max_output_chars)
-        messages = []
+        messages: list[dict[str, Any]] = []
         if self.system_prompt:
             messages.append(
                 {
@@ -52,5 +53,5 @@ class LLMAgent:
                 }
             )
         messages.append({"role": "user", "content": ctx.instruction})
-        model = per_rollout(self.model)  # a token backend keeps one ledger per run
-        return await AgentLoop(model, self.tools, runtime, limits).run(messages)
+        session = self.model.session()  # a token backend keeps one ledger per run
+        return await AgentLoop(session, self.tools, runtime, limits).run(messages)

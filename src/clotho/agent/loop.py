@@ -1,5 +1,8 @@
 """`AgentLoop`: ask the model, run the tools it calls in the sandbox, repeat until done.
 
+The model session returns each turn already parsed (`ModelTurn`: content, reasoning, tool
+calls with dict arguments); the loop checks the calls against the tools' pydantic models,
+runs them, and writes the turn into the conversation in the stored OpenAI format.
 Every way a tool call can be wrong (unknown tool, arguments that are not JSON or not an
 object, arguments that fail the schema, a tool that fails) is told to the model in the tool
 message and recorded as a `ToolErrorRecord`; nothing is silently replaced by `{}`. Model
@@ -10,25 +13,21 @@ A broken sandbox (`SandboxError`) propagates: it is infrastructure, not the agen
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from clotho.agent.result import AgentResult, StopReason, ToolErrorRecord, TurnTiming
-from clotho.chat.reasoning import split_reasoning
-from clotho.chat.types import ChatResponse
-from clotho.errors import AgentLimit, ModelError, SandboxError
-from clotho.tools.registry import Tool, describe_validation_error
+from clotho.chat.models import Model, ModelSession
+from clotho.chat.types import InvalidToolCall, ModelTurn, ToolCall
+from clotho.errors import AgentLimit, ModelError, SandboxError, describe_validation_error
 from clotho.tools.runtime import ToolFailure, ToolRuntime
+from clotho.tools.tool import Tool
 
-
-class ChatModel(Protocol):
-    async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> ChatResponse: ...
+# transitional: env/base.py still imports ChatModel; the shared model is a `Model` now.
+ChatModel = Model
 
 
 class AgentLimits(BaseModel):
@@ -40,19 +39,21 @@ class AgentLimits(BaseModel):
 class _Call:
     """One tool call of a turn, checked before it runs."""
 
-    def __init__(self, call_id: str, name: str, raw: str) -> None:
+    def __init__(self, call_id: str, name: str, text: str) -> None:
         self.id = call_id
         self.name = name
-        self.raw = raw
+        self.text = text  # the arguments as the model wrote them
         self.tool: Tool | None = None
         self.arguments: BaseModel | None = None
         self.error: str | None = None
 
 
 class AgentLoop:
+    """Runs one rollout on one model session; a fresh loop (and session) per rollout."""
+
     def __init__(
         self,
-        model: ChatModel,
+        model: ModelSession,
         tools: Sequence[Tool],
         runtime: ToolRuntime,
         limits: AgentLimits | None = None,
@@ -74,9 +75,7 @@ class AgentLoop:
             result.stop_reason = "time_limit"
             _close_open_calls(result.messages, "the agent's time limit was reached")
         result.duration_s = time.perf_counter() - started
-        sequences = getattr(self.model, "sequences", None)
-        if callable(sequences):  # a token session: the exact training sequences
-            result.sequences = sequences(result.messages)
+        result.sequences = self.model.sequences(result.messages)
         return result
 
     async def _turns(self, result: AgentResult) -> StopReason:
@@ -87,7 +86,7 @@ class AgentLoop:
             if budget is not None and result.usage.total_tokens >= budget:
                 return "token_limit"
             try:
-                response = await self.model.complete(result.messages, self.schemas)
+                turn = await self.model.complete(result.messages, self.schemas)
             except ModelError as exc:
                 result.error = str(exc)
                 return "model_error"
@@ -95,29 +94,15 @@ class AgentLoop:
                 result.error = str(exc)
                 return "token_limit"
             result.turns += 1
-            result.usage = result.usage + response.usage
-            timing = TurnTiming(model_s=response.latency_s)
+            result.usage = result.usage + turn.usage
+            timing = TurnTiming(model_s=turn.latency_s)
             result.timings.append(timing)
-            reasoning, content = split_reasoning(response.message)
-            result.reasoning.append(reasoning)
-            raw_calls = response.message.get("tool_calls") or []
-            calls = [self._check(raw, result.turns, i) for i, raw in enumerate(raw_calls)]
+            result.reasoning.append(turn.reasoning)
+            calls = [self._check(call, result.turns, i) for i, call in enumerate(turn.tool_calls)]
             # Calls a client-side parser could not read: the model is told, the rest still run.
-            for raw in response.message.get("invalid_tool_calls") or []:
-                calls.append(self._invalid(raw, result.turns, len(calls)))
-            assistant: dict[str, Any] = {"role": "assistant", "content": content or ""}
-            if calls:
-                assistant["tool_calls"] = [
-                    {
-                        "id": c.id,
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": c.raw},
-                    }
-                    for c in calls
-                ]
-            if reasoning:
-                assistant["reasoning_content"] = reasoning
-            result.messages.append(assistant)
+            for invalid in turn.invalid_tool_calls:
+                calls.append(self._invalid(invalid, result.turns, len(calls)))
+            result.messages.append(_assistant_message(turn, calls))
             if not calls:
                 return "finished"
             tools_started = time.perf_counter()
@@ -131,64 +116,60 @@ class AgentLoop:
                         ToolErrorRecord(
                             turn=result.turns,
                             tool=call.name,
-                            arguments=call.raw[:500],
+                            arguments=call.text[:500],
                             error=output,
                         )
                     )
 
-    def _unique_id(self, proposed: Any, turn: int, index: int) -> str:
-        call_id = proposed if isinstance(proposed, str) and proposed else f"call_{turn}_{index}"
+    def _unique_id(self, proposed: str | None, turn: int, index: int) -> str:
+        call_id = proposed or f"call_{turn}_{index}"
         while call_id in self._ids:  # some servers repeat ids across turns
             call_id = f"{call_id}_{turn}_{index}"
         self._ids.add(call_id)
         return call_id
 
-    def _invalid(self, raw: Any, turn: int, index: int) -> _Call:
-        raw = raw if isinstance(raw, dict) else {}
-        name = raw.get("name") if isinstance(raw.get("name"), str) else ""
-        call = _Call(self._unique_id(None, turn, index), name, str(raw.get("raw", "")))
-        call.error = (
-            f"Error: {raw.get('error') or 'the tool call could not be parsed'}; nothing ran"
-        )
+    def _invalid(self, invalid: InvalidToolCall, turn: int, index: int) -> _Call:
+        call = _Call(self._unique_id(None, turn, index), invalid.name or "", invalid.text)
+        call.error = f"Error: {invalid.error or 'the tool call could not be parsed'}; nothing ran"
         return call
 
-    def _check(self, raw: Any, turn: int, index: int) -> _Call:
-        raw = raw if isinstance(raw, dict) else {}
-        function = raw.get("function") if isinstance(raw.get("function"), dict) else {}
-        name = function.get("name") if isinstance(function.get("name"), str) else ""
-        arguments = function.get("arguments", "")
-        if not isinstance(arguments, str):  # some servers send an object, not JSON text
-            arguments = json.dumps(arguments)
-        call = _Call(self._unique_id(raw.get("id"), turn, index), name, arguments)
+    def _check(self, model_call: ToolCall, turn: int, index: int) -> _Call:
+        name = model_call.name
+        call = _Call(self._unique_id(model_call.id, turn, index), name, model_call.text)
         call.tool = self.tools.get(name)
         if call.tool is None:
             available = ", ".join(sorted(self.tools)) or "none"
             call.error = f"Error: unknown tool {name!r}. Available tools: {available}"
-            return call
-        try:
-            parsed = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            call.error = f"Error: the arguments of {name!r} are not valid JSON ({exc}); nothing ran"
-            return call
-        if not isinstance(parsed, dict):
-            call.error = f"Error: the arguments of {name!r} must be a JSON object; nothing ran"
-            return call
-        try:
-            call.arguments = call.tool.validate(parsed)
-        except ValidationError as exc:
-            call.error = (
-                f"Error: invalid arguments for {name!r}: {describe_validation_error(exc)}; "
-                "nothing ran"
-            )
+        elif model_call.arguments is None:  # not a JSON object; the client said why
+            call.error = f"Error: {model_call.error}; nothing ran"
+        else:
+            try:
+                call.arguments = call.tool.validate(model_call.arguments)
+            except ValidationError as exc:
+                call.error = (
+                    f"Error: invalid arguments for {name!r}: {describe_validation_error(exc)}; "
+                    "nothing ran"
+                )
         return call
 
     async def _dispatch(self, calls: list[_Call]) -> list[tuple[str, bool]]:
-        """Run the calls; neighbouring calls of parallel-safe tools run together, in order."""
+        """Run the calls; neighbouring calls of parallel-safe tools run together, in order.
+
+        A batch runs in a `TaskGroup`: a `SandboxError` in one call cancels its siblings and
+        propagates (as itself, not wrapped in an exception group).
+        """
         outputs: list[tuple[str, bool]] = []
         batch: list[_Call] = []
 
         async def flush() -> None:
-            outputs.extend(await asyncio.gather(*(self._invoke(c) for c in batch)))
+            if not batch:
+                return
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(self._invoke(c)) for c in batch]
+            except ExceptionGroup as failed:
+                raise failed.exceptions[0] from None
+            outputs.extend(t.result() for t in tasks)
             batch.clear()
 
         for call in calls:
@@ -207,10 +188,23 @@ class AgentLoop:
             return await call.tool.run(self.runtime, call.arguments), False
         except ToolFailure as exc:
             return f"Error: {exc}", True
-        except (SandboxError, asyncio.CancelledError):
+        except SandboxError:
             raise
         except Exception as exc:
             return f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True
+
+
+def _assistant_message(turn: ModelTurn, calls: list[_Call]) -> dict[str, Any]:
+    """The turn in the stored OpenAI format: arguments as JSON text, `reasoning_content`."""
+    message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.text}}
+            for c in calls
+        ]
+    if turn.reasoning:
+        message["reasoning_content"] = turn.reasoning
+    return message
 
 
 def _close_open_calls(messages: list[dict[str, Any]], reason: str) -> None:

@@ -1,17 +1,22 @@
 """`ChatClient`: OpenAI-compatible chat completions with tools (phase 1).
 
 Works with any `/v1/chat/completions` server (vLLM, SGLang, OpenRouter, OpenAI). Balancing
-and retries live in `clotho.chat.http`: what still fails becomes a `ModelError`.
+and retries live in `clotho.chat.http`: what still fails becomes a `ModelError`. The reply is
+read once, here, into a `ModelTurn`: reasoning split off, tool-call arguments parsed from
+their JSON text (a model's malformed arguments are kept with the error, never retried).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from clotho.chat.http import BalancedPoster
-from clotho.chat.types import ChatResponse, Usage
+from clotho.chat.reasoning import split_reasoning
+from clotho.chat.types import InvalidToolCall, ModelTurn, ToolCall, Usage
 from clotho.errors import ConfigError
 
 
@@ -89,7 +94,9 @@ class ModelConfig(BaseModel):
         return [u.rstrip("/") for u in urls]
 
 
-class ChatClient:
+class EndpointClient:
+    """A client of one model config's endpoints: the retrying, balancing poster, and closing it."""
+
     def __init__(
         self,
         config: ModelConfig,
@@ -98,7 +105,24 @@ class ChatClient:
         environ: dict[str, str] | None = None,
     ) -> None:
         self.config = config
-        self._poster = poster_for(config, api_key=api_key, environ=environ)
+        self._poster = BalancedPoster(
+            config.base_urls,
+            api_key_env=config.api_key_env,
+            api_key=api_key,
+            environ=environ,
+            timeout_s=config.timeout_s,
+            max_retries=config.max_retries,
+            backoff_initial_s=config.backoff_initial_s,
+            backoff_max_s=config.backoff_max_s,
+            unhealthy_cooldown_s=config.unhealthy_cooldown_s,
+        )
+
+    async def aclose(self) -> None:
+        await self._poster.aclose()
+
+
+class ChatClient(EndpointClient):
+    """A `Model` and its own `ModelSession`: a chat endpoint keeps no state per rollout."""
 
     def build_body(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -110,37 +134,24 @@ class ChatClient:
         body.update(self.config.extra_body)
         return body
 
+    def session(self) -> ChatClient:
+        return self
+
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> ChatResponse:
-        response, latency = await self._poster.post(
+    ) -> ModelTurn:
+        turn, latency = await self._poster.post(
             "chat/completions", self.build_body(messages, tools), _parse_completion
         )
-        response.latency_s = latency
-        return response
+        turn.latency_s = latency
+        return turn
 
-    async def aclose(self) -> None:
-        await self._poster.aclose()
-
-
-def poster_for(
-    config: ModelConfig, *, api_key: str | None = None, environ: dict[str, str] | None = None
-) -> BalancedPoster:
-    """The retrying, balancing HTTP side of a model config."""
-    return BalancedPoster(
-        config.base_urls,
-        api_key_env=config.api_key_env,
-        api_key=api_key,
-        environ=environ,
-        timeout_s=config.timeout_s,
-        max_retries=config.max_retries,
-        backoff_initial_s=config.backoff_initial_s,
-        backoff_max_s=config.backoff_max_s,
-        unhealthy_cooldown_s=config.unhealthy_cooldown_s,
-    )
+    def sequences(self, messages: Sequence[dict[str, Any]]) -> None:
+        """No exact tokens from a chat endpoint (scored data re-tokenizes with the template)."""
+        return None
 
 
-def _parse_completion(data: Any) -> ChatResponse:
+def _parse_completion(data: Any) -> ModelTurn:
     choice = data["choices"][0]
     message = choice["message"]
     if not isinstance(message, dict):
@@ -149,8 +160,26 @@ def _parse_completion(data: Any) -> ChatResponse:
     if not isinstance(usage, dict):
         raise TypeError("usage is not an object")
     counts = Usage(**{k: int(usage.get(k) or 0) for k in Usage.model_fields})
-    return ChatResponse(
-        message=message,
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise TypeError("tool_calls is not a list")
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for raw in raw_calls:
+        function = raw.get("function") if isinstance(raw, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(function, dict) or not isinstance(name, str):
+            error = "the tool call has no function name"
+            invalid.append(InvalidToolCall(text=json.dumps(raw, ensure_ascii=False), error=error))
+            continue
+        call_id = raw.get("id") if isinstance(raw.get("id"), str) else None
+        calls.append(ToolCall.from_arguments(call_id, name, function.get("arguments")))
+    reasoning, content = split_reasoning(message)
+    return ModelTurn(
+        content=content or "",
+        reasoning=reasoning,
+        tool_calls=calls,
+        invalid_tool_calls=invalid,
         finish_reason=choice.get("finish_reason"),
         usage=counts,
         model=data.get("model"),

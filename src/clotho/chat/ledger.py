@@ -23,12 +23,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from clotho.chat.template import ChatTemplateError
-from clotho.chat.tokenizer import IGNORE_INDEX, TemplateTokenizer
-from clotho.chat.tokens import Generation
+from clotho.chat.tokenizer import TemplateTokenizer
+from clotho.chat.tokens import MASKED, NOT_SAMPLED, Generation
 
 OnBreak = Literal["split", "error"]
-# Logprob placeholder at positions the model did not sample (Atropos' convention: e^1 > 1).
-NOT_SAMPLED = 1.0
 _PROBE = "\x00clotho-probe\x00"
 
 
@@ -47,7 +45,7 @@ class TokenSequence(BaseModel):
         """Append ids; with logprobs they are sampled (trained), without they are context."""
         self.tokens.extend(ids)
         if logprobs is None:
-            self.masks.extend([IGNORE_INDEX] * len(ids))
+            self.masks.extend([MASKED] * len(ids))
             self.logprobs.extend([NOT_SAMPLED] * len(ids))
         else:
             self.masks.extend(ids)
@@ -55,7 +53,7 @@ class TokenSequence(BaseModel):
 
     @property
     def sampled(self) -> int:
-        return sum(1 for m in self.masks if m != IGNORE_INDEX)
+        return sum(1 for m in self.masks if m != MASKED)
 
 
 class TokenLedger:
@@ -117,12 +115,16 @@ class TokenLedger:
         self._rendered, self._seen, self._sampled_text = rendered, len(messages), None
         return list(self.current.tokens)
 
-    def record(self, generation: Generation) -> None:
-        """Append what the model sampled for the current prompt, exactly as sampled."""
+    def record(self, generation: Generation) -> str:
+        """Append what the model sampled for the current prompt, exactly as sampled.
+
+        Returns the sampled ids decoded (special tokens kept): the one decoding of the turn.
+        """
         if not self.sequences or self._sampled_text is not None:
             raise ValueError("record() needs a prompt() first, and once per prompt")
         self.current.extend(generation.token_ids, generation.logprobs)
         self._sampled_text = self.tokenizer.decode(generation.token_ids)
+        return self._sampled_text
 
     def finish(self, messages: Sequence[dict[str, Any]]) -> list[TokenSequence]:
         """Close the last turn the way the template does, and return the training sequences.

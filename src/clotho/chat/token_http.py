@@ -14,25 +14,15 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from clotho.chat.client import ModelConfig, poster_for
+from clotho.chat.client import EndpointClient, ModelConfig
 from clotho.chat.http import MalformedResponse
 from clotho.chat.tokens import FinishReason, Generation, TokenSampling
 
 TokenApi = Literal["vllm", "sglang"]
 
 
-class _HttpTokenClient:
+class _HttpTokenClient(EndpointClient):
     path: str
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        api_key: str | None = None,
-        environ: dict[str, str] | None = None,
-    ) -> None:
-        self.config = config
-        self._poster = poster_for(config, api_key=api_key, environ=environ)
 
     def build_body(self, prompt_ids: Sequence[int], sampling: TokenSampling) -> dict[str, Any]:
         raise NotImplementedError
@@ -46,9 +36,6 @@ class _HttpTokenClient:
         generation, latency = await self._poster.post(self.path, body, self.parse)
         generation.latency_s = latency
         return generation
-
-    async def aclose(self) -> None:
-        await self._poster.aclose()
 
 
 class VllmTokenClient(_HttpTokenClient):

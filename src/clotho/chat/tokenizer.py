@@ -18,8 +18,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from clotho.chat.template import ChatTemplate, ChatTemplateError, Span, prepare_messages
-
-IGNORE_INDEX = -100
+from clotho.chat.tokens import MASKED
 
 _TEMPLATE_FILES = ("chat_template.jinja",)
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token")
@@ -85,17 +84,9 @@ class TemplateTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def render(
-        self,
-        messages: Sequence[Any],
-        tools: list[Any] | None = None,
-        *,
-        add_generation_prompt: bool = False,
-        **kwargs: Any,
-    ) -> str:
-        return self.template.render(
-            messages, tools, add_generation_prompt=add_generation_prompt, **kwargs
-        )
+    def render(self, messages: Sequence[Any], tools: list[Any] | None = None, **kwargs: Any) -> str:
+        """`ChatTemplate.render` with this tokenizer's template (`add_generation_prompt`, ...)."""
+        return self.template.render(messages, tools, **kwargs)
 
     def assistant_spans(
         self, messages: Sequence[Any], tools: list[Any] | None = None, **kwargs: Any
@@ -136,7 +127,7 @@ class TemplateTokenizer:
         text, spans = self.assistant_spans(messages, tools, **kwargs)
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
         tokens = list(encoding.ids)
-        masks = [IGNORE_INDEX] * len(tokens)
+        masks = [MASKED] * len(tokens)
         inside = bytearray(len(text) + 1)  # 1 on assistant characters
         for start, end in spans:
             inside[start:end] = b"\x01" * (end - start)

@@ -1,41 +1,19 @@
-"""OpenAI-format chat messages and tool calls, as clotho stores and sends them."""
+"""One model turn, read once: what every model client returns to the agent loop.
+
+Conversations stay OpenAI-format dicts (what is sent to endpoints and stored in results). What
+a model call produced is read exactly once, by the client that received it (the chat client
+from the endpoint's JSON, the token session from the sampled ids), into a `ModelTurn`: content
+and reasoning apart, tool calls with their arguments as a dict (or the model's text and what
+is wrong with it), calls the parser could not read, usage and latency. The loop consumes it
+as is.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-Role = Literal["system", "user", "assistant", "tool"]
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str = Field("", description="the raw JSON text the model produced")
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: Role
-    content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
-    reasoning_content: str | None = None
-
-    def to_api(self) -> dict[str, Any]:
-        """The dict sent to an OpenAI-compatible endpoint."""
-        data = self.model_dump(exclude_none=True)
-        if self.role == "assistant" and "content" not in data:
-            data["content"] = ""
-        return data
+from pydantic import BaseModel, Field, model_validator
 
 
 class Usage(BaseModel):
@@ -51,10 +29,56 @@ class Usage(BaseModel):
         )
 
 
-class ChatResponse(BaseModel):
-    """One completion: the assistant message as returned (reasoning not yet split off)."""
+class ToolCall(BaseModel):
+    """A call the model made: `arguments` as a dict, or `error` saying why there is none."""
 
-    message: dict[str, Any]
+    id: str | None = Field(None, description="the model's or server's id; the loop makes it unique")
+    name: str
+    arguments: dict[str, Any] | None = None
+    text: str = Field(description="the arguments as JSON text, as stored in the conversation")
+    error: str | None = Field(None, description="why the arguments are not a JSON object")
+
+    @model_validator(mode="after")
+    def _either_arguments_or_error(self) -> ToolCall:
+        if (self.arguments is None) == (self.error is None):
+            raise ValueError("a tool call has either arguments or an error, not both or neither")
+        return self
+
+    @classmethod
+    def from_arguments(cls, call_id: str | None, name: str, arguments: Any) -> ToolCall:
+        """A call from the arguments a server sent: JSON text (usual) or an object (some servers)."""
+        if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+            return cls(id=call_id, name=name, arguments={}, text=arguments or "")
+        if isinstance(arguments, str):
+            text = arguments
+            try:
+                arguments = json.loads(text)
+            except json.JSONDecodeError as exc:
+                error = f"the arguments of {name!r} are not valid JSON ({exc})"
+                return cls(id=call_id, name=name, text=text, error=error)
+        else:
+            text = json.dumps(arguments, ensure_ascii=False)
+        if not isinstance(arguments, dict):
+            error = f"the arguments of {name!r} must be a JSON object"
+            return cls(id=call_id, name=name, text=text, error=error)
+        return cls(id=call_id, name=name, arguments=arguments, text=text)
+
+
+class InvalidToolCall(BaseModel):
+    """Text that looked like a tool call but could not be read (a client-side parser's verdict)."""
+
+    name: str | None = None
+    text: str = Field(description="the call as the model wrote it")
+    error: str = Field(description="what was wrong, told to the model")
+
+
+class ModelTurn(BaseModel):
+    """One assistant turn, parsed: the only form a model's reply takes after its client."""
+
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    invalid_tool_calls: list[InvalidToolCall] = Field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage = Field(default_factory=Usage)
     model: str | None = None

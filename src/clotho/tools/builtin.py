@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from clotho.tools.files import edit_file, read_file, search_files, write_file
+from clotho.tools.registry import ToolRegistry, Toolset, ToolsetDistribution
 from clotho.tools.terminal import terminal
-from clotho.tools.toolsets import ToolRegistry, Toolset, ToolsetDistribution
 
 
 def default_registry() -> ToolRegistry:
@@ -21,7 +21,7 @@ def default_registry() -> ToolRegistry:
     )
     registry.add_toolset(Toolset(name="coding", includes=["terminal", "file"]))
     registry.add_distribution(
-        ToolsetDistribution(name="terminal_only", probabilities={"terminal": 1.0, "file": 1.0})
+        ToolsetDistribution(name="terminal_only", probabilities={"terminal": 1.0})
     )
     registry.add_distribution(
         ToolsetDistribution(name="development", probabilities={"terminal": 0.8, "file": 0.8})

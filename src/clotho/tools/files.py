@@ -7,8 +7,8 @@ import re
 import shlex
 from typing import Literal
 
-from clotho.tools.registry import tool
 from clotho.tools.runtime import ToolFailure, ToolRuntime, truncate_middle
+from clotho.tools.tool import tool
 
 _MAX_LINE = 2000
 
@@ -159,7 +159,8 @@ async def search_files(
         )
     else:
         cmd = f"find {where} -name .git -prune -o -type f -name {shlex.quote(pattern)} -print"
-    result = await rt.sandbox.exec(f"{cmd} | head -n {limit + 1}; exit ${{PIPESTATUS[0]}}")
+    # A subshell: `exit` must not end the session shell, which holds the agent's exports.
+    result = await rt.sandbox.exec(f"( {cmd} | head -n {limit + 1}; exit ${{PIPESTATUS[0]}} )")
     if result.exit_code not in (0, 1) and not result.stdout:
         raise ToolFailure(f"search failed: {result.stderr.strip() or result.exit_code}")
     lines = result.stdout.splitlines()

@@ -1,137 +1,115 @@
-"""Tools are async functions with type hints and a docstring; the JSON schema comes from them.
-
-    @tool
-    async def terminal(rt: ToolRuntime, command: str, timeout: int = 180) -> str:
-        '''Run a shell command.
-
-        Args:
-            command: the bash command line.
-            timeout: seconds before the command is killed.
-        '''
-
-The first parameter receives the `ToolRuntime`; the others become the tool's arguments,
-validated by a pydantic model (unknown arguments are rejected) before the function runs.
-"""
+"""`ToolRegistry`: the tools of one process or environment, toolsets (named groups of tools,
+with includes) and toolset distributions (sampled per group)."""
 
 from __future__ import annotations
 
-import inspect
-import re
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, get_type_hints, overload
+import random
+from collections.abc import Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, Field, field_validator
 
-from clotho.tools.runtime import ToolRuntime
-
-ToolFn = Callable[..., Awaitable[str]]
+# transitional: describe_validation_error is imported from here by env/context.py until it
+# imports it from clotho.errors.
+from clotho.errors import ConfigError, describe_validation_error  # noqa: F401
+from clotho.tools.tool import Tool
 
 
-def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """(description, {param: description}) from a Google-style docstring."""
-    if not doc:
-        return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
-    description: list[str] = []
-    params: dict[str, str] = {}
-    current: str | None = None
-    in_args = False
-    for line in lines:
-        stripped = line.strip()
-        if stripped in ("Args:", "Arguments:", "Parameters:"):
-            in_args = True
-            continue
-        if in_args:
-            match = re.match(r"^\s{2,}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$", line)
-            if match:
-                current = match.group(1)
-                params[current] = match.group(2).strip()
-            elif stripped and current and line.startswith(" " * 6):
-                params[current] += " " + stripped
-            elif stripped and not line.startswith(" "):
-                in_args = False
-                current = None
-        if not in_args and not params:
-            description.append(line)
-    return "\n".join(description).strip(), params
-
-
-def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    schema.pop("title", None)
-    for prop in schema.get("properties", {}).values():
-        prop.pop("title", None)
-    return schema
-
-
-@dataclass
-class Tool:
+class Toolset(BaseModel):
     name: str
-    description: str
-    fn: ToolFn
-    params: type[BaseModel]
-    parallel: bool = True
-
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI `tools` entry."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": _clean_schema(self.params.model_json_schema()),
-            },
-        }
-
-    def validate(self, arguments: dict[str, Any]) -> BaseModel:
-        return self.params.model_validate(arguments)
-
-    async def run(self, runtime: ToolRuntime, arguments: BaseModel) -> str:
-        fields = type(arguments).model_fields
-        return await self.fn(runtime, **{k: getattr(arguments, k) for k in fields})
+    tools: list[str] = Field(default_factory=list)
+    includes: list[str] = Field(default_factory=list)
+    description: str = ""
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "arguments"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
+class ToolsetDistribution(BaseModel):
+    """Each toolset is included independently with its probability; sampled once per group."""
+
+    name: str
+    probabilities: dict[str, float]
+
+    @field_validator("probabilities")
+    @classmethod
+    def _check(cls, value: dict[str, float]) -> dict[str, float]:
+        if not value:
+            raise ValueError("a distribution needs at least one toolset")
+        for key, p in value.items():
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"probability of {key!r} must be within [0, 1], got {p}")
+        if max(value.values()) <= 0.0:
+            raise ValueError("at least one toolset needs a probability above 0")
+        return value
+
+    def sample(self, rng: random.Random) -> list[str]:
+        """Never empty: if nothing was drawn, the most likely toolset is used."""
+        chosen = [name for name, p in self.probabilities.items() if rng.random() < p]
+        if not chosen:
+            chosen = [max(self.probabilities, key=lambda k: self.probabilities[k])]
+        return chosen
 
 
-def _make_tool(fn: ToolFn, name: str | None, parallel: bool) -> Tool:
-    if not inspect.iscoroutinefunction(fn):
-        raise TypeError(f"tool {fn.__name__} must be an async function")
-    description, param_docs = parse_docstring(fn.__doc__)
-    hints = get_type_hints(fn)
-    fields: dict[str, Any] = {}
-    for index, (pname, param) in enumerate(inspect.signature(fn).parameters.items()):
-        if index == 0:
-            continue  # the ToolRuntime
-        if pname not in hints:
-            raise TypeError(f"tool {fn.__name__}: parameter {pname!r} needs a type hint")
-        default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[pname] = (hints[pname], Field(default, description=param_docs.get(pname)))
-    model = create_model(  # type: ignore[call-overload]
-        f"{fn.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-    )
-    return Tool(
-        name=name or fn.__name__,
-        description=description,
-        fn=fn,
-        params=model,
-        parallel=parallel,
-    )
+class ToolRegistry:
+    """Tools and toolsets of one process or environment; nothing here is global."""
 
+    def __init__(self) -> None:
+        self.tools: dict[str, Tool] = {}
+        self.toolsets: dict[str, Toolset] = {}
+        self.distributions: dict[str, ToolsetDistribution] = {}
 
-@overload
-def tool(fn: ToolFn) -> Tool: ...
-@overload
-def tool(*, name: str | None = None, parallel: bool = True) -> Callable[[ToolFn], Tool]: ...
-def tool(
-    fn: ToolFn | None = None, *, name: str | None = None, parallel: bool = True
-) -> Tool | Callable[[ToolFn], Tool]:
-    """Turn an async function into a `Tool`. `parallel=False` keeps calls in order, one at a time."""
-    if fn is not None:
-        return _make_tool(fn, name, parallel)
-    return lambda f: _make_tool(f, name, parallel)
+    def add_tool(self, tool: Tool) -> Tool:
+        if tool.name in self.tools:
+            raise ConfigError(f"tool {tool.name!r} is registered twice")
+        self.tools[tool.name] = tool
+        return tool
+
+    def add_toolset(self, toolset: Toolset) -> Toolset:
+        self.toolsets[toolset.name] = toolset
+        return toolset
+
+    def add_distribution(self, distribution: ToolsetDistribution) -> ToolsetDistribution:
+        unknown = set(distribution.probabilities) - set(self.toolsets)
+        if unknown:
+            raise ConfigError(
+                f"distribution {distribution.name!r}: unknown toolsets {sorted(unknown)}"
+            )
+        self.distributions[distribution.name] = distribution
+        return distribution
+
+    def toolset_tools(self, name: str, _seen: frozenset[str] = frozenset()) -> list[str]:
+        if name not in self.toolsets:
+            raise ConfigError(f"unknown toolset {name!r}; known: {sorted(self.toolsets)}")
+        if name in _seen:
+            raise ConfigError(f"toolset {name!r} includes itself")
+        toolset = self.toolsets[name]
+        names = list(toolset.tools)
+        for included in toolset.includes:
+            names += self.toolset_tools(included, _seen | {name})
+        return list(dict.fromkeys(names))
+
+    def resolve(
+        self, enabled: Iterable[str] | None = None, disabled: Iterable[str] | None = None
+    ) -> list[Tool]:
+        """Tools of the enabled toolsets (all when None) minus those of the disabled ones."""
+        enabled_names = list(enabled) if enabled is not None else list(self.toolsets)
+        wanted: list[str] = []
+        for name in enabled_names:
+            wanted += self.toolset_tools(name)
+        removed: set[str] = set()
+        for name in disabled or []:
+            removed |= set(self.toolset_tools(name))
+        result = []
+        for tool_name in dict.fromkeys(wanted):
+            if tool_name in removed:
+                continue
+            if tool_name not in self.tools:
+                raise ConfigError(f"toolset refers to unknown tool {tool_name!r}")
+            result.append(self.tools[tool_name])
+        return result
+
+    def sample(
+        self, distribution: str, rng: random.Random, disabled: Iterable[str] | None = None
+    ) -> list[Tool]:
+        if distribution not in self.distributions:
+            raise ConfigError(
+                f"unknown toolset distribution {distribution!r}; known: {sorted(self.distributions)}"
+            )
+        return self.resolve(self.distributions[distribution].sample(rng), disabled)

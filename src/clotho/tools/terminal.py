@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from clotho.tools.registry import tool
 from clotho.tools.runtime import ToolRuntime, truncate_middle
+from clotho.tools.tool import tool
 
 
 @tool(parallel=False)
