@@ -63,7 +63,7 @@ _Seconds = Annotated[
 # Harbor's deprecated `memory` / `storage` spellings: a number and a unit, K, M, G or T
 # (Harbor reads K, M and G, case-insensitive, decimals allowed). `2GB`, `2Gi` and `2GiB`
 # are read too and, like Harbor's `G` and Docker's `2g`/`2gb`, all mean 1024-based units.
-_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([KMGT])(?:IB|I|B)?", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([KMGT])(?:IB|I|B)?", re.IGNORECASE | re.ASCII)
 _UNIT_MB = {"K": Decimal(1) / 1024, "M": Decimal(1), "G": Decimal(1024), "T": Decimal(1024**2)}
 
 
