@@ -412,7 +412,7 @@ class DockerBackend(SandboxBackend):
         self._state_dirs: set[str | None] = {None, state_dir}  # where FIFO folders live
         self._prepare_locks: dict[str, asyncio.Lock] = {}
         self._build_locks: dict[str, asyncio.Lock] = {}
-        self._built: set[str] = set()  # contexts built (or forced) by this backend
+        self._forced: set[str] = set()  # contexts rebuilt on force_build: once per backend
         self._failed: dict[str, str] = {}  # contexts that failed to build: not tried again
         self._closed = False
 
@@ -492,7 +492,7 @@ class DockerBackend(SandboxBackend):
             if key in self._failed:  # every attempt of the task fails alike: no rebuild
                 raise TaskError(self._failed[key])
             # Rebuilt once per backend (per run) when forced, not once per attempt.
-            force = force_build and key not in self._built
+            force = force_build and key not in self._forced
             try:
                 tag = await ensure_context_image(
                     self.client,
@@ -506,7 +506,8 @@ class DockerBackend(SandboxBackend):
             except TaskError as exc:
                 self._failed[key] = str(exc)
                 raise
-            self._built.add(key)
+            if force:
+                self._forced.add(key)
         return tag, True
 
     # -- listing and removal -----------------------------------------------------------

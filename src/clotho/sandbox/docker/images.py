@@ -45,6 +45,10 @@ def tar_directory(directory: Path) -> bytes:
     return buffer.getvalue()
 
 
+# aiodocker reports a connection that failed (no daemon at the address) as this status.
+UNREACHABLE = 900
+
+
 def _unreachable(exc: Exception) -> SandboxError:
     return SandboxError(f"the Docker daemon cannot be reached: {exc}")
 
@@ -59,6 +63,8 @@ async def image_exists(docker: Any, tag: str) -> bool:
     except DockerError as exc:
         if exc.status == 404:
             return False
+        if exc.status == UNREACHABLE:
+            raise _unreachable(exc) from exc
         raise SandboxError(f"docker image inspect {tag}: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise _unreachable(exc) from exc
@@ -118,7 +124,10 @@ async def build_image(
                         raise TaskError(f"building {context} failed: {item['error']}\n{tail}")
     except TimeoutError as exc:
         raise TaskError(f"building {context} took longer than {timeout_s:g} s") from exc
-    except DockerError as exc:  # the daemon answered and refused the build (bad Dockerfile)
+    except DockerError as exc:
+        if exc.status == UNREACHABLE:
+            raise _unreachable(exc) from exc
+        # The daemon answered and refused the build (a Dockerfile it cannot use).
         raise TaskError(f"building {context} failed: {exc.message}") from exc
     except aiohttp.ClientError as exc:
         raise _unreachable(exc) from exc
