@@ -9,9 +9,13 @@ The Docker tests are skipped with the reason shown when no Docker daemon answers
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import secrets
 import shutil
+import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,6 +38,8 @@ from clotho.sandbox import (
 from clotho.sandbox.backends import LocalBackend, backend_key, make_backend
 from clotho.sandbox.docker import images
 from clotho.sandbox.docker.images import context_hash
+from clotho.sandbox.leases import OWNER
+from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
 
 BASE_IMAGE = "clotho/base:bookworm"
 
@@ -337,3 +343,65 @@ async def test_exit_cleanup_uses_the_configured_docker_url(
         await docker.containers.container(container_id).show()
     assert info.value.status == 404
     assert await docker.containers.list(all=True, filters={"label": [f"probe={marker}"]}) == []
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@requires_docker
+@requires_bwrap
+async def test_sandbox_gc_goes_through_the_backends_at_their_addresses(
+    docker: Any, tmp_path: Path
+) -> None:
+    """`clotho sandbox gc --docker-url --state-dir`: orphaned containers on that daemon and
+    orphaned folders in that state folder go; live ones stay. DOCKER_HOST points nowhere."""
+    from aiodocker.exceptions import DockerError
+
+    socket_path = next(p for p in ("/var/run/docker.sock", "/run/docker.sock") if os.path.exists(p))
+    link = tmp_path / "gc-docker.sock"
+    link.symlink_to(socket_path)
+    state = tmp_path / "state"
+    marker = f"gc-{secrets.token_hex(4)}"
+    dead = f"{socket.gethostname()}:{dead_pid()}"
+    orphan = await docker.containers.create(
+        {
+            "Image": BASE_IMAGE,
+            "Cmd": ["sleep", "infinity"],
+            "Labels": {"clotho": "1", OWNER: dead, "probe": marker},
+            "HostConfig": {"NetworkMode": "none"},
+        }
+    )
+    local = await open_sandbox(LocalSandboxConfig(state_dir=str(state)), {"probe": marker})
+    live = await open_sandbox(
+        DockerSandboxConfig(docker_url=f"unix://{link}", state_dir=str(state)), {"probe": marker}
+    )
+    try:
+        # A folder whose owner died: what a SIGKILLed run leaves.
+        lease_file = next(state.glob(f"{STATE_PREFIX}*/{LEASE_FILE}"))
+        folder = lease_file.parent
+        lease = json.loads(lease_file.read_text())
+        await local.close()
+        folder.mkdir()
+        lease_file.write_text(json.dumps({**lease, "labels": {**lease["labels"], OWNER: dead}}))
+
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "clotho", "sandbox", "gc",
+            "--docker-url", f"unix://{link}", "--state-dir", str(state),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/nothing.sock"},
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, stderr.decode()
+        assert "not checked" not in stdout.decode(), stdout.decode()
+        with pytest.raises(DockerError) as info:
+            await orphan.show()
+        assert info.value.status == 404
+        assert not folder.exists()
+        assert (await live.exec("echo alive")).stdout == "alive\n"  # owner alive: kept
+    finally:
+        await live.close()
+        with contextlib.suppress(DockerError):
+            await orphan.delete(force=True)
