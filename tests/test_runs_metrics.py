@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from clotho.errors import ErrorInfo
 from clotho.runs.metrics import compute_metrics, pass_at_k, wilson_interval
 from clotho.runs.records import TrialRecord
-from clotho.tasks.trial import ErrorInfo
 
 
 def rec(

@@ -11,6 +11,7 @@ from clotho.agent.base import AgentContext
 from clotho.agent.result import AgentResult
 from clotho.errors import VerifierError
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
+from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import run_trial
 from clotho.tasks.verify import parse_reward_json, parse_reward_txt, run_verifier
@@ -59,7 +60,8 @@ class _CheatingAgent:
 async def test_agent_cannot_see_tests_nor_plant_a_reward(make_task) -> None:
     task = load_task(make_task(test_sh="echo 'tests ran but wrote nothing'\n"))
     agent = _CheatingAgent()
-    outcome = await run_trial(task, agent, LocalSandboxConfig())
+    async with SlotPool() as pool:
+        outcome = await run_trial(task, agent, LocalSandboxConfig(), pool)
     assert agent.saw_tests is not None and "test.sh" not in agent.saw_tests
     assert outcome.error is not None and outcome.error.kind == "verifier"
     assert outcome.reward is None and not outcome.passed
@@ -114,6 +116,7 @@ async def test_environment_files_become_the_workspace(make_task) -> None:
     )
     from clotho.agent.reference import NopAgent
 
-    outcome = await run_trial(task, NopAgent(), LocalSandboxConfig())
+    async with SlotPool() as pool:
+        outcome = await run_trial(task, NopAgent(), LocalSandboxConfig(), pool)
     assert outcome.error is None
     assert outcome.reward == 1.0

@@ -47,3 +47,32 @@ def apply_sets(data: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
             nested = {part: nested}
         data = merge(data, nested)
     return data
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def resumed(saved: dict[str, Any], given: dict[str, Any], may_change: set[str]) -> dict[str, Any]:
+    """A resumed run's configuration: the saved one, with only the settings in `may_change`
+    (how fast, not what is measured) taken from `given`. Any other difference is refused."""
+    before = _leaves(saved)
+    conflicts = [
+        f"{path}: saved {before.get(path)!r}, given {value!r}"
+        for path, value in _leaves(given).items()
+        if path.split(".")[0] not in may_change and before.get(path) != value
+    ]
+    if conflicts:
+        raise ConfigError(
+            "--resume continues a run with its saved configuration (config.json), and these "
+            "settings differ: " + "; ".join(conflicts) + ". Drop those flags, or start a new "
+            "run with another --out"
+        )
+    return merge(saved, {k: v for k, v in given.items() if k in may_change})

@@ -9,14 +9,15 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
-from clotho.agent.models import build_model
 from clotho.cli.config_io import apply_sets, load_config_file, merge
 from clotho.cli.signals import Terminated, cancel_on_signals
 from clotho.env.base import Environment
+from clotho.env.driver import produce_groups
 from clotho.env.registry import load_environment
 from clotho.env.scored import ScoredGroup
-from clotho.errors import ClothoError
+from clotho.errors import ClothoError, ConfigError, describe_validation_error
 
 console = Console(stderr=True)
 
@@ -44,6 +45,7 @@ def build_environment(
     group_size: int | None,
     tokenizer: str | None,
 ) -> Environment[Any]:
+    """The environment from its config; without a model it loads the embedded one on first use."""
     cls = load_environment(spec)
     data = load_config_file(config_file) if config_file else {}
     flags: dict[str, Any] = {"group_size": group_size, "tokenizer": tokenizer}
@@ -53,14 +55,7 @@ def build_environment(
     data = apply_sets(data, sets or [])
     if "sandbox" in data:
         data["sandbox"].setdefault("backend", "local")
-    config = cls.config_cls.model_validate(data)
-    # Without a model in the config, the environment loads the embedded one when first needed.
-    client = build_model(config.model) if config.model else None
-    return cls(config, model=client)
-
-
-async def _close(env: Environment[Any]) -> None:
-    await env.close()
+    return cls(cls.config_cls.model_validate(data))
 
 
 def _run(main: Any) -> None:
@@ -70,10 +65,10 @@ def _run(main: Any) -> None:
         console.print("[yellow]interrupted[/]: what finished is kept")
         raise typer.Exit(130) from None
     except ValidationError as exc:
-        console.print(f"[red]invalid configuration:[/]\n{exc}")
+        console.print(f"[red]invalid configuration:[/] {escape(describe_validation_error(exc))}")
         raise typer.Exit(2) from None
     except ClothoError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -97,29 +92,19 @@ def process_command(
         environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
         sink = JsonlSink(out)
         written: list[ScoredGroup] = []
+
+        def shown(group: ScoredGroup) -> None:
+            written.append(group)
+            console.print(f"  group {len(written)}: scores {group.scores}")
+
         try:
             await environment.setup()
-            remaining = n_groups
-            lock = asyncio.Lock()
-
-            async def worker() -> None:
-                nonlocal remaining
-                while True:
-                    async with lock:
-                        if remaining <= 0:
-                            return
-                        remaining -= 1
-                        item = await environment.get_next_item()
-                    group, _ = await environment.collect_group(item)
-                    if group is not None:
-                        await sink.send_groups([group.wire()])
-                        written.append(group)
-                        console.print(f"  group {len(written)}: scores {group.scores}")
-
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await produce_groups(
+                environment, sink, concurrency=concurrency, n_groups=n_groups, on_group=shown
+            )
         finally:
             await sink.aclose()
-            await _close(environment)
+            await environment.close()
             write_browser(written, out.with_suffix(".html"), f"{env}: scored groups")
             console.print(f"{len(written)} groups in {out} (browse {out.with_suffix('.html')})")
             console.print(f"stats: {environment.stats.model_dump()}")
@@ -150,6 +135,9 @@ def serve_command(
         environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
         client = AtroposClient(ApiClientConfig(url=api_url))
         try:
+            reason = environment.untrainable()
+            if reason is not None:  # before registering: a trainer never sees this environment
+                raise ConfigError(reason)
             await environment.setup()
             registered = await client.register_env(
                 RegisterEnv(
@@ -160,22 +148,10 @@ def serve_command(
                 )
             )
             console.print(f"registered as env {registered.env_id}; producing groups (Ctrl-C stops)")
-            lock = asyncio.Lock()
-
-            async def worker() -> None:
-                while True:
-                    await client.wait_for_room()
-                    async with lock:
-                        item = await environment.get_next_item()
-                    group, _ = await environment.collect_group(item)
-                    if group is not None:
-                        await client.send_groups([group.wire()])
-                        environment.stats.groups_sent += 1
-
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await produce_groups(environment, client, concurrency=concurrency)
         finally:
             await client.aclose()
-            await _close(environment)
+            await environment.close()
             console.print(f"stats: {environment.stats.model_dump()}")
 
     _run(main())
@@ -200,8 +176,8 @@ def evaluate_command(
             await environment.setup()
             samples = await environment.evaluate()
         finally:
-            await _close(environment)
-        metrics = write_evaluation(samples, out, agent=f"env:{env}")
+            await environment.close()
+        metrics = await write_evaluation(samples, out, agent=f"env:{env}")
         print_report(metrics, out)
 
     _run(main())

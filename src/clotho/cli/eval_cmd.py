@@ -10,12 +10,13 @@ from typing import Annotated, Any, Literal
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clotho.cli.config_io import apply_sets, load_config_file, merge
+from clotho.cli.config_io import apply_sets, load_config_file, merge, resumed
 from clotho.cli.signals import Terminated, cancel_on_signals
-from clotho.errors import ClothoError, ConfigError
+from clotho.errors import UNSCORED_KINDS, ClothoError, ConfigError, describe_validation_error
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
 
@@ -42,7 +43,7 @@ class _Live:
             self.progress.update(self.task_id, total=data["pending"])
         elif event == "trial_end":
             assert isinstance(data, TrialRecord)
-            if data.error is not None and data.error.kind in ("infra", "task"):
+            if not data.scored:
                 self.errors += 1
             else:
                 self.scored += 1
@@ -51,18 +52,33 @@ class _Live:
             if data.error is not None:
                 mark = f"[yellow]{data.error.kind} error"
             self.progress.console.print(
-                f"  {mark}[/] {data.task} #{data.attempt} "
+                f"  {mark}[/] {escape(data.task)} #{data.attempt} "
                 f"(reward {data.reward}, {data.duration_s:.1f} s)"
-                + (f" — {data.error.message[:200]}" if data.error else "")
+                + (f" — {escape(data.error.message[:200])}" if data.error else "")
             )
             rate = f"{self.passed / self.scored:.1%}" if self.scored else "-"
             self.progress.update(
-                self.task_id, advance=1, rate=f"{rate} ({self.errors} infra/task errors)"
+                self.task_id, advance=1, rate=f"{rate} ({self.errors} unscored errors)"
             )
         elif event == "task_error":
             assert isinstance(data, TrialRecord)
             if data.attempt == 0 and data.error is not None:
-                self.progress.console.print(f"  [yellow]invalid task[/] {data.error.message}")
+                self.progress.console.print(
+                    f"  [yellow]invalid task[/] {escape(data.error.message)}"
+                )
+
+
+# What a resumed run may change: how fast it goes, never what it measures.
+RESUMABLE_CHANGES = {"concurrency", "prewarm", "force_build"}
+
+
+def _resumed(out: Path | None, given: dict[str, Any]) -> dict[str, Any]:
+    if out is None:
+        raise ConfigError("--resume needs the run directory: --out DIR")
+    saved_path = out / "config.json"
+    if not saved_path.is_file():
+        raise ConfigError(f"{out} holds no run to resume (no config.json)")
+    return resumed(load_config_file(saved_path), given, RESUMABLE_CHANGES)
 
 
 def print_report(metrics: RunMetrics, out: Path) -> None:
@@ -73,7 +89,7 @@ def print_report(metrics: RunMetrics, out: Path) -> None:
     table.add_column("pass rate", justify="right")
     for name, cat in metrics.by_category.items():
         rate = f"{cat.pass_rate:.1%}" if cat.pass_rate is not None else "-"
-        table.add_row(name, str(cat.n_passed), str(cat.n), rate)
+        table.add_row(escape(name), str(cat.n_passed), str(cat.n), rate)
     overall = f"{metrics.pass_rate:.1%}" if metrics.pass_rate is not None else "-"
     table.add_row("[bold]all", str(metrics.n_passed), str(metrics.n_scored), f"[bold]{overall}")
     console.print(table)
@@ -86,7 +102,7 @@ def print_report(metrics: RunMetrics, out: Path) -> None:
         console.print(
             "errors: "
             + ", ".join(f"{k} {v}" for k, v in sorted(metrics.errors.items()))
-            + " (infra and task errors are not counted in the pass rate)"
+            + f" ({' and '.join(sorted(UNSCORED_KINDS))} errors are not counted in the pass rate)"
         )
     console.print(f"results in {out}")
 
@@ -161,7 +177,9 @@ def eval_command(
         bool | None, typer.Option("--force-build", help="rebuild task images even if cached")
     ] = None,
     out: Annotated[Path | None, typer.Option(help="run directory")] = None,
-    resume: Annotated[bool, typer.Option(help="continue the run in --out")] = False,
+    resume: Annotated[
+        bool, typer.Option(help="continue the run in --out with its saved configuration")
+    ] = False,
 ) -> None:
     """Run an agent on Harbor / Terminal-Bench tasks and report pass rates.
 
@@ -205,15 +223,17 @@ def eval_command(
             flags["sandbox"] = sandbox_flags
         data = merge(data, {k: v for k, v in flags.items() if v is not None})
         data = apply_sets(data, set_ or [])
+        if resume:
+            data = _resumed(out, data)
         if not data.get("paths"):
             raise ConfigError("give at least one task path (argument or `paths:` in --config)")
         data.setdefault("sandbox", {}).setdefault("backend", "local")
         eval_config = EvalConfig.model_validate(data)
     except ValidationError as exc:
-        console.print(f"[red]invalid configuration:[/]\n{exc}")
+        console.print(f"[red]invalid configuration:[/] {escape(describe_validation_error(exc))}")
         raise typer.Exit(2) from None
     except ClothoError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     out = out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{eval_config.agent}"
     progress = Progress(
@@ -234,10 +254,10 @@ def eval_command(
     except (KeyboardInterrupt, Terminated):
         console.print(
             f"[yellow]interrupted[/]: finished attempts are kept in {out}; "
-            f"continue with: clotho eval {' '.join(eval_config.paths)} --out {out} --resume"
+            f"continue with: clotho eval --out {out} --resume"
         )
         raise typer.Exit(130) from None
     except ClothoError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     print_report(metrics, out)

@@ -1,6 +1,6 @@
 """RL environments: the `Environment` base, `ToolContext`, group rollouts and scored groups."""
 
-from clotho.env.base import Environment, Rollout
+from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
 from clotho.env.context import ToolContext
 from clotho.env.evaluation import EvalSample
@@ -12,7 +12,6 @@ __all__ = [
     "Environment",
     "EvalSample",
     "GroupStats",
-    "Rollout",
     "ScoredGroup",
     "ToolContext",
 ]

@@ -1,10 +1,11 @@
 """`Environment`: the RL environment base class, group rollouts and scoring.
 
-Subclasses give items, prompts and rewards; the base class runs the agent in sandboxes from
-a pool, N rollouts per item with the tools resolved once per group, and turns the group into
-a `ScoredGroup`. Failures are typed: a sandbox or model failure is an infrastructure error
-and keeps the rollout out of training data; a reward function that raises is a verifier
-error, reported and counted, never a reward of 0.
+Subclasses give items, prompts and rewards; the base class runs N rollouts per item (tools
+resolved once per group) through the one rollout path (`clotho.rollout.run_rollout`, which
+`clotho eval` uses too) and turns the group into a `ScoredGroup`. Failures are typed and
+stay with their rollout: a sandbox or model failure is an infrastructure error, a
+`setup_workspace` or `format_prompt` that raises is a task error, a reward function that
+raises is a verifier error; none of them is ever a reward, and none stops the run.
 """
 
 from __future__ import annotations
@@ -14,46 +15,31 @@ import asyncio
 import logging
 import random
 from collections.abc import Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel
-
-from clotho.agent.llm import DEFAULT_SYSTEM_PROMPT
-from clotho.agent.loop import AgentLimits, AgentLoop, ChatModel
-from clotho.agent.models import build_model
+from clotho.agent.llm import DEFAULT_SYSTEM_PROMPT, LLMAgent
+from clotho.agent.loop import AgentLimits
 from clotho.agent.result import AgentResult
-from clotho.agent.token_model import per_rollout
 from clotho.chat.client import ModelConfig
-from clotho.chat.ledger import NOT_SAMPLED
+from clotho.chat.models import Model, build_model
+from clotho.chat.token_model import TokenModel
+from clotho.chat.tokens import NOT_SAMPLED
 from clotho.env.config import EnvConfig
 from clotho.env.context import ToolContext
-from clotho.env.scored import MASKED, GroupStats, ScoredGroup
-from clotho.errors import ClothoError, InfraError
-from clotho.sandbox.base import Sandbox
-from clotho.sandbox.config import SandboxConfig
+from clotho.env.scored import GroupStats, ScoredGroup
+from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_rollout
+from clotho.sandbox import Sandbox, SandboxConfig
 from clotho.sandbox.pool import SlotPool
-from clotho.tasks.trial import ErrorInfo
 from clotho.tools.builtin import default_registry
 from clotho.tools.registry import Tool
-from clotho.tools.runtime import ToolRuntime
 from clotho.tools.toolsets import ToolRegistry
+
+if TYPE_CHECKING:
+    from clotho.env.evaluation import EvalSample
 
 log = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
-
-
-class Rollout(BaseModel):
-    """One agent run on one item, scored (or failed, with the kind of failure)."""
-
-    messages: list[dict[str, Any]]
-    reward: float | None = None
-    error: ErrorInfo | None = None
-    agent: AgentResult | None = None
-
-    @property
-    def valid(self) -> bool:
-        return self.error is None and self.reward is not None
 
 
 class Environment(abc.ABC, Generic[Item]):
@@ -64,7 +50,7 @@ class Environment(abc.ABC, Generic[Item]):
         self,
         config: EnvConfig,
         *,
-        model: ChatModel | None = None,
+        model: Model | None = None,
         registry: ToolRegistry | None = None,
         pool: SlotPool | None = None,
     ) -> None:
@@ -96,12 +82,17 @@ class Environment(abc.ABC, Generic[Item]):
     async def setup_workspace(self, item: Item, sandbox: Sandbox) -> None:
         """Prepare the sandbox before the agent starts (files, repositories)."""
 
-    async def verify(self, item: Item, result: AgentResult, sandbox: Sandbox) -> float | None:
+    async def verify(
+        self, item: Item, result: AgentResult, sandbox: Sandbox
+    ) -> float | VerifierOutcome | None:
         """In-sandbox verification (e.g. the task's tests); None when there is none."""
         return None
 
-    async def compute_reward(self, item: Item, result: AgentResult, ctx: ToolContext) -> float:
-        """The reward of one rollout. Default: `verify` in the rollout's own sandbox."""
+    async def compute_reward(
+        self, item: Item, result: AgentResult, ctx: ToolContext
+    ) -> float | VerifierOutcome:
+        """The reward of one rollout (or the test script's whole verdict). Default: `verify`
+        in the rollout's own sandbox."""
         reward = await self.verify(item, result, ctx.sandbox)
         if reward is None:
             raise NotImplementedError(
@@ -109,8 +100,8 @@ class Environment(abc.ABC, Generic[Item]):
             )
         return reward
 
-    async def evaluate(self) -> dict[str, Any]:
-        """Metrics on the environment's evaluation set."""
+    async def evaluate(self) -> list[EvalSample]:
+        """One sample per item of the environment's evaluation set."""
         raise NotImplementedError(f"{type(self).__name__} has no evaluation set")
 
     # -- machinery ---------------------------------------------------------------------
@@ -123,13 +114,21 @@ class Environment(abc.ABC, Generic[Item]):
             )
         return self.registry.resolve(self.config.toolsets, self.config.disabled_toolsets)
 
-    def messages_for(self, item: Item, sandbox: Sandbox) -> list[dict[str, Any]]:
-        messages: list[dict[str, Any]] = []
-        prompt = self.config.system_prompt or DEFAULT_SYSTEM_PROMPT
-        if prompt:
-            messages.append({"role": "system", "content": prompt.format(workdir=sandbox.workdir)})
-        messages.append({"role": "user", "content": self.format_prompt(item)})
-        return messages
+    def untrainable(self) -> str | None:
+        """Why groups of this environment would carry no tokens to train on, if they would."""
+        if self.config.tokenizer:
+            return None
+        if self.model is not None:
+            token_backend = isinstance(self.model, TokenModel)
+        else:
+            token_backend = self.config.model is None or self.config.model.api != "chat"
+        if token_backend:
+            return None
+        return (
+            "on a chat endpoint the groups' tokens come from the model's chat template, and no "
+            "tokenizer is configured: give --tokenizer (a folder or tokenizer.json with the "
+            "chat template), or use a token API (--set model.api=vllm|sglang)"
+        )
 
     def _require_pool(self) -> SlotPool:
         if self.pool is None:
@@ -137,54 +136,49 @@ class Environment(abc.ABC, Generic[Item]):
             self.pool.start()
         return self.pool
 
-    async def rollout(self, item: Item, tools: Sequence[Tool]) -> Rollout:
-        """One rollout in its own sandbox from the pool, released in `finally`."""
+    async def _require_model(self) -> Model:
         if self.model is None:  # built from the config; no endpoint: the embedded model
-            self.model = build_model(self.config.model or ModelConfig())
-        pool = self._require_pool()
-        messages: list[dict[str, Any]] = []
-        try:
-            sandbox = await pool.acquire(self.sandbox_config(item))
-        except InfraError as exc:
-            return Rollout(messages=[], error=ErrorInfo(kind="infra", message=str(exc)))
-        try:
-            await self.setup_workspace(item, sandbox)
-            messages = self.messages_for(item, sandbox)
-            limits = AgentLimits(
-                max_turns=self.config.max_turns,
-                time_limit_s=self.config.time_limit_s,
-                max_total_tokens=self.config.max_total_tokens,
-            )
-            model = per_rollout(self.model)
-            loop = AgentLoop(model, tools, ToolRuntime(sandbox=sandbox), limits)
-            result = await loop.run(messages)
-            if result.stop_reason == "model_error":
-                return Rollout(
-                    messages=result.messages,
-                    agent=result,
-                    error=ErrorInfo(kind="infra", message=result.error or "model error"),
-                )
-            ctx = ToolContext(sandbox, {t.name: t for t in tools})
-            try:
-                reward = float(await self.compute_reward(item, result, ctx))
-            except InfraError:
-                raise
-            except Exception as exc:  # a broken reward function is not a reward of 0
-                log.warning("reward function failed: %s", exc)
-                return Rollout(
-                    messages=result.messages,
-                    agent=result,
-                    error=ErrorInfo(kind="verifier", message=f"{type(exc).__name__}: {exc}"),
-                )
-            return Rollout(messages=result.messages, agent=result, reward=reward)
-        except InfraError as exc:
-            return Rollout(messages=messages, error=ErrorInfo(kind="infra", message=str(exc)))
-        except ClothoError as exc:
-            return Rollout(messages=messages, error=ErrorInfo(kind=exc.kind, message=str(exc)))
-        finally:
-            await asyncio.shield(pool.release(sandbox))
+            self.model = await build_model(self.config.model or ModelConfig())
+        return self.model
 
-    async def collect_group(self, item: Item) -> tuple[ScoredGroup | None, list[Rollout]]:
+    def agent(self, tools: Sequence[Tool]) -> LLMAgent:
+        """The agent of one rollout (the model is loaded by then)."""
+        assert self.model is not None
+        limits = AgentLimits(
+            max_turns=self.config.max_turns,
+            time_limit_s=self.config.time_limit_s,
+            max_total_tokens=self.config.max_total_tokens,
+        )
+        prompt = self.config.system_prompt or DEFAULT_SYSTEM_PROMPT
+        return LLMAgent(self.model, tools, limits, system_prompt=prompt)
+
+    async def rollout(self, item: Item, tools: Sequence[Tool]) -> RolloutOutcome:
+        """One rollout of `item` through the one rollout path, in a sandbox from the pool."""
+        await self._require_model()
+        by_name = {t.name: t for t in tools}
+
+        async def prepare(sandbox: Sandbox) -> None:
+            await self.setup_workspace(item, sandbox)
+
+        async def verify(sandbox: Sandbox, result: AgentResult) -> VerifierOutcome:
+            reward = await self.compute_reward(item, result, ToolContext(sandbox, by_name))
+            if isinstance(reward, VerifierOutcome):
+                return reward
+            return VerifierOutcome(reward=float(reward))
+
+        spec = RolloutSpec(
+            sandbox=self.sandbox_config(item),
+            agent=self.agent(tools),
+            instruction=lambda: self.format_prompt(item),
+            prepare=prepare,
+            verify=verify,
+        )
+        outcome = await run_rollout(spec, self._require_pool())
+        if outcome.error is not None and outcome.error.kind == "verifier":
+            log.warning("reward of a %s rollout failed: %s", self.name, outcome.error.message)
+        return outcome
+
+    async def collect_group(self, item: Item) -> tuple[ScoredGroup | None, list[RolloutOutcome]]:
         """N rollouts of one item (tools resolved once), scored; None when the group is dropped."""
         tools = self.resolve_tools()
         rollouts = list(
@@ -224,11 +218,13 @@ class Environment(abc.ABC, Generic[Item]):
             self._tokenizer = TemplateTokenizer.from_path(self.config.tokenizer)
         return self._tokenizer.tokens_and_masks(messages, tools=[t.schema() for t in tools] or None)
 
-    def score_group(self, rollouts: list[Rollout], tools: Sequence[Tool]) -> ScoredGroup | None:
+    def score_group(
+        self, rollouts: list[RolloutOutcome], tools: Sequence[Tool]
+    ) -> ScoredGroup | None:
         """One row per training sequence: exact ledger sequences from a token backend, else
         the chat template's tokens and masks (phase 1). A rollout whose template rewrote
         earlier turns gives several rows, each with the rollout's score."""
-        rows: list[tuple[Rollout, list[int], list[int], list[float] | None]] = []
+        rows: list[tuple[RolloutOutcome, list[int], list[int], list[float] | None]] = []
         for rollout in rollouts:
             sequences = rollout.agent.sequences if rollout.agent is not None else None
             if sequences is not None:
@@ -252,9 +248,10 @@ class Environment(abc.ABC, Generic[Item]):
         exact = all(lps is not None for *_, lps in rows)
         if self.config.model:
             sampling = self.config.model.sampling.model_dump(exclude_none=True)
-        else:  # the embedded default: what its token backend samples with
-            token_sampling = getattr(self.model, "sampling", None)
-            sampling = token_sampling.model_dump(exclude_none=True) if token_sampling else {}
+        elif isinstance(self.model, TokenModel):  # the embedded default: what it samples with
+            sampling = self.model.sampling.model_dump(exclude_none=True)
+        else:
+            sampling = {}
         return ScoredGroup(
             tokens=tokens,
             masks=masks,
@@ -268,9 +265,5 @@ class Environment(abc.ABC, Generic[Item]):
         """Close the pool and the model client."""
         if self.pool is not None:
             await self.pool.close()
-        aclose = getattr(self.model, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
-__all__ = ["MASKED", "Environment", "Rollout"]
+        if self.model is not None:
+            await self.model.aclose()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from clotho.env.base import Rollout
+from clotho.rollout import RolloutOutcome
 
 
 class EvalSample(BaseModel):
     name: str
     category: str = "uncategorized"
     attempt: int = 0
-    rollout: Rollout
+    rollout: RolloutOutcome

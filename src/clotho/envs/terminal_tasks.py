@@ -3,6 +3,7 @@ default): the instruction is the prompt, the task's own tests are the reward."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import ClassVar
 
@@ -13,11 +14,10 @@ from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
 from clotho.env.evaluation import EvalSample
 from clotho.errors import ConfigError
-from clotho.sandbox.base import Sandbox
-from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
+from clotho.rollout import VerifierOutcome
+from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
+from clotho.tasks.environment import environment_spec, upload_workspace
 from clotho.tasks.harbor import Task, discover_tasks
-from clotho.tasks.images import ImageResolver, task_sandbox_config
-from clotho.tasks.trial import setup_workspace
 from clotho.tasks.verify import run_verifier
 
 BUNDLED = Path(__file__).resolve().parents[3] / "examples" / "tasks"
@@ -35,23 +35,23 @@ class TerminalTasksEnv(Environment[Task]):
     config: TerminalTasksConfig
 
     async def setup(self) -> None:
-        self.tasks = self._load(self.config.tasks)
+        self.tasks = await self._load(self.config.tasks)
         self.eval_tasks = (
-            self._load(self.config.eval_tasks) if self.config.eval_tasks else self.tasks
+            await self._load(self.config.eval_tasks) if self.config.eval_tasks else self.tasks
         )
         self._order: list[Task] = []
-        self._configs: dict[str, SandboxConfig] = {}
-        if isinstance(self.config.sandbox, DockerSandboxConfig):
-            # Task images are built (once per content) before the first rollout needs them.
-            resolver = ImageResolver(self._require_pool().docker)
-            for task in {t.name: t for t in [*self.tasks, *self.eval_tasks]}.values():
-                self._configs[task.name] = await task_sandbox_config(
-                    task, self.config.sandbox, resolver
-                )
+        # Each task's sandbox (its image built once per content, its limits) before the first
+        # rollout needs it; the backend decides what that takes.
+        pool = self._require_pool()
+        self._prepared: dict[str, PreparedEnvironment] = {}
+        for task in {t.name: t for t in [*self.tasks, *self.eval_tasks]}.values():
+            self._prepared[task.name] = await pool.prepare(
+                self.config.sandbox, environment_spec(task)
+            )
 
     @staticmethod
-    def _load(paths: list[str]) -> list[Task]:
-        tasks, errors = discover_tasks([Path(p) for p in paths])
+    async def _load(paths: list[str]) -> list[Task]:
+        tasks, errors = await asyncio.to_thread(discover_tasks, [Path(p) for p in paths])
         if errors:
             raise ConfigError("; ".join(str(e) for _, e in errors))
         if not tasks:
@@ -69,17 +69,16 @@ class TerminalTasksEnv(Environment[Task]):
         return item.instruction
 
     def sandbox_config(self, item: Task) -> SandboxConfig:
-        return self._configs.get(item.name, self.config.sandbox)
+        return self._prepared[item.name].config
 
     async def setup_workspace(self, item: Task, sandbox: Sandbox) -> None:
-        await setup_workspace(item, sandbox, self.sandbox_config(item))
+        if not self._prepared[item.name].workspace_in_image:
+            await upload_workspace(item, sandbox)
 
-    async def verify(self, item: Task, result: AgentResult, sandbox: Sandbox) -> float:
-        return (await run_verifier(item, sandbox)).reward
+    async def verify(self, item: Task, result: AgentResult, sandbox: Sandbox) -> VerifierOutcome:
+        return await run_verifier(item, sandbox)
 
     async def evaluate(self) -> list[EvalSample]:
-        import asyncio
-
         tools = self.resolve_tools()
         semaphore = asyncio.Semaphore(self.config.eval_concurrency)
 

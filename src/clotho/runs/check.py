@@ -9,9 +9,11 @@ from pydantic import BaseModel, Field
 
 from clotho.agent.base import Agent
 from clotho.agent.reference import NopAgent, OracleAgent
-from clotho.sandbox.config import SandboxConfig
+from clotho.rollout import RolloutOutcome
+from clotho.sandbox import SandboxConfig
+from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.tasks.harbor import Task, discover_tasks
-from clotho.tasks.trial import TrialOutcome, run_trial
+from clotho.tasks.trial import run_trial
 
 
 class TaskCheck(BaseModel):
@@ -25,15 +27,15 @@ class TaskCheck(BaseModel):
         return not self.problems
 
 
-def _describe(name: str, outcome: TrialOutcome) -> str:
+def _describe(name: str, outcome: RolloutOutcome) -> str:
     if outcome.error is not None:
         return f"{name}: {outcome.error.kind} error: {outcome.error.message}"
     return f"{name}: reward {outcome.reward}"
 
 
-async def check_task(task: Task, sandbox: SandboxConfig) -> TaskCheck:
+async def check_task(task: Task, sandbox: SandboxConfig, pool: SlotPool) -> TaskCheck:
     agents: tuple[Agent, Agent] = (OracleAgent(), NopAgent())
-    oracle, nop = await asyncio.gather(*(run_trial(task, a, sandbox) for a in agents))
+    oracle, nop = await asyncio.gather(*(run_trial(task, a, sandbox, pool) for a in agents))
     check = TaskCheck(task=task.name, oracle_reward=oracle.reward, nop_reward=nop.reward)
     if not oracle.passed:
         check.problems.append("the oracle does not pass (" + _describe("oracle", oracle) + ")")
@@ -47,12 +49,15 @@ async def check_task(task: Task, sandbox: SandboxConfig) -> TaskCheck:
 async def check_tasks(
     paths: list[Path], sandbox: SandboxConfig, concurrency: int = 4
 ) -> tuple[list[TaskCheck], list[str]]:
-    tasks, errors = discover_tasks(paths)
+    tasks, errors = await asyncio.to_thread(discover_tasks, paths)
     semaphore = asyncio.Semaphore(concurrency)
 
     async def one(task: Task) -> TaskCheck:
         async with semaphore:
-            return await check_task(task, sandbox)
+            return await check_task(task, sandbox, pool)
 
-    checks = await asyncio.gather(*(one(t) for t in tasks))
+    async with SlotPool(
+        PoolConfig(max_size=2 * concurrency), labels={"clotho.run": "check"}
+    ) as pool:
+        checks = await asyncio.gather(*(one(t) for t in tasks))
     return list(checks), [str(e) for _, e in errors]

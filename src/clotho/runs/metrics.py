@@ -8,13 +8,6 @@ from collections.abc import Iterable
 
 from clotho.runs.records import CategoryMetrics, RunMetrics, TrialRecord
 
-# Errors that say nothing about the agent: kept out of the pass rate's denominator.
-UNSCORED_KINDS = {"infra", "task", "config"}
-
-
-def is_scored(record: TrialRecord) -> bool:
-    return record.error is None or record.error.kind not in UNSCORED_KINDS
-
 
 def wilson_interval(passed: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
     if n == 0:
@@ -43,7 +36,7 @@ def latest(records: Iterable[TrialRecord]) -> dict[tuple[str, int], TrialRecord]
 
 def compute_metrics(records: Iterable[TrialRecord], attempts: int = 1) -> RunMetrics:
     final = list(latest(records).values())
-    scored = [r for r in final if is_scored(r)]
+    scored = [r for r in final if r.scored]
     n_passed = sum(r.passed for r in scored)
     errors: dict[str, int] = defaultdict(int)
     for r in final:

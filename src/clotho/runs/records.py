@@ -8,15 +8,16 @@ DIR/trials/*.json    TrialDetail: the full conversation and verifier output
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
+from clotho.errors import ErrorInfo
+from clotho.rollout import RolloutOutcome, VerifierOutcome
 from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
-from clotho.tasks.trial import ErrorInfo
-from clotho.tasks.verify import VerifierOutcome
 
 
 class EvalConfig(BaseModel):
@@ -65,12 +66,45 @@ class TrialRecord(BaseModel):
     def key(self) -> tuple[str, int]:
         return (self.task, self.attempt)
 
+    @property
+    def scored(self) -> bool:
+        """Counted in the pass rate: no error, or one that says something about the agent."""
+        return self.error is None or self.error.scored
+
+    @classmethod
+    def from_outcome(
+        cls, outcome: RolloutOutcome, *, task: str, category: str, attempt: int, agent: str
+    ) -> TrialRecord:
+        result = outcome.agent
+        return cls(
+            task=task,
+            category=category,
+            attempt=attempt,
+            reward=outcome.reward,
+            rewards=outcome.rewards,
+            passed=outcome.passed,
+            error=outcome.error,
+            stop_reason=result.stop_reason if result else None,
+            turns=result.turns if result else 0,
+            tool_calls=result.tool_calls if result else 0,
+            tool_errors=len(result.tool_errors) if result else 0,
+            duration_s=round(outcome.duration_s, 3),
+            agent=agent,
+            finished_at=time.time(),
+        )
+
 
 class TrialDetail(BaseModel):
     schema_version: Literal[1] = 1
     record: TrialRecord
     agent_result: AgentResult | None = None
     verifier: VerifierOutcome | None = None
+
+    @classmethod
+    def of(cls, record: TrialRecord, outcome: RolloutOutcome | None = None) -> TrialDetail:
+        if outcome is None:
+            return cls(record=record)
+        return cls(record=record, agent_result=outcome.agent, verifier=outcome.verifier)
 
 
 class CategoryMetrics(BaseModel):

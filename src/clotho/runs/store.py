@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import re
 from pathlib import Path
@@ -24,10 +24,18 @@ def _write_json(path: Path, model: BaseModel) -> None:
 
 
 class RunStore:
+    """Writes happen off the event loop (each record is fsync'ed), one at a time, in order."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.results_path = root / "results.jsonl"
         self.trials_dir = root / "trials"
+        self._writing = asyncio.Lock()
+        self._superseded: set[tuple[str, int]] = set()  # attempts whose old line goes
+
+    def supersede(self, keys: set[tuple[str, int]]) -> None:
+        """These attempts run again: their new line replaces the old one, not beside it."""
+        self._superseded |= keys
 
     def prepare(self, resume: bool) -> None:
         if self.results_path.exists() and not resume:
@@ -50,15 +58,34 @@ class RunStore:
                 continue
         return records
 
-    def append(self, record: TrialRecord, detail: TrialDetail) -> None:
+    async def append(self, record: TrialRecord, detail: TrialDetail) -> None:
+        """The trial's detail file, then its line in results.jsonl, flushed to disk."""
         name = f"{_safe(record.task)}__{record.attempt}.json"
         record.detail = f"trials/{name}"
         detail.record = record
-        _write_json(self.trials_dir / name, detail)
+        async with self._writing:
+            await asyncio.to_thread(self._write, self.trials_dir / name, detail, record)
+
+    def _write(self, detail_path: Path, detail: TrialDetail, record: TrialRecord) -> None:
+        _write_json(detail_path, detail)
+        if record.key in self._superseded:
+            self._superseded.discard(record.key)
+            self._replace_line(record)
+            return
         with self.results_path.open("a") as f:
             f.write(record.model_dump_json() + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def _replace_line(self, record: TrialRecord) -> None:
+        """Rewrite results.jsonl without the attempt's earlier lines, then with its new one."""
+        kept = [r for r in self.load_records() if r.key != record.key]
+        tmp = self.results_path.with_suffix(".jsonl.tmp")
+        with tmp.open("w") as f:
+            f.writelines(r.model_dump_json() + "\n" for r in [*kept, record])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.results_path)
 
     def write_config(self, config: BaseModel) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -66,6 +93,3 @@ class RunStore:
 
     def write_metrics(self, metrics: RunMetrics) -> None:
         _write_json(self.root / "metrics.json", metrics)
-
-    def write_task_errors(self, errors: list[str]) -> None:
-        (self.root / "task_errors.json").write_text(json.dumps(errors, indent=2) + "\n")

@@ -9,23 +9,14 @@ from __future__ import annotations
 import json
 import math
 
-from pydantic import BaseModel, Field
-
 from clotho.errors import VerifierError
+from clotho.rollout.outcome import VerifierOutcome
 from clotho.sandbox.base import Sandbox
 from clotho.tasks.harbor import Task
 
 TESTS_MOUNT = "/tests"
 LOGS_DIR = "/logs/verifier"
 _OUTPUT_TAIL = 8000
-
-
-class VerifierOutcome(BaseModel):
-    reward: float
-    rewards: dict[str, float] = Field(default_factory=dict)
-    exit_code: int
-    output: str = Field("", description="tail of the test script's output")
-    duration_s: float = 0.0
 
 
 def _number(value: object, where: str) -> float:
@@ -42,8 +33,8 @@ def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
     where = f"{LOGS_DIR}/reward.json"
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise VerifierError(f"{where}: not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # also: integers past 4300 digits, deep nesting
+        raise VerifierError(f"{where}: not a readable reward: {str(exc)[:200]}") from exc
     if isinstance(data, int | float) and not isinstance(data, bool):
         return _number(data, where), {}
     if not isinstance(data, dict) or not data:
@@ -59,7 +50,7 @@ def parse_reward_txt(text: str) -> float:
     stripped = text.strip()
     try:
         value = float(stripped)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise VerifierError(f"{where}: expected one number, got {stripped[:100]!r}") from exc
     return _number(value, where)
 

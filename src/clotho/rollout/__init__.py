@@ -1,0 +1,10 @@
+"""The one rollout path: sandbox from the pool, workspace, agent, verification, release.
+
+`clotho eval`, `clotho check` and every environment run their attempts through
+`run_rollout`, and all of them get a `RolloutOutcome` back.
+"""
+
+from clotho.rollout.outcome import Phase, RolloutOutcome, VerifierOutcome
+from clotho.rollout.run import RolloutSpec, run_rollout
+
+__all__ = ["Phase", "RolloutOutcome", "RolloutSpec", "VerifierOutcome", "run_rollout"]

@@ -1,0 +1,117 @@
+"""`run_rollout`: the single path every attempt takes, and the rules for what a failure is.
+
+A failure's kind follows the phase it happened in unless the error is typed: an untyped
+exception while acquiring or running the agent is an internal (infra) error, while preparing
+the workspace or the prompt it is the task's (the item could not be set up), and while
+verifying it is the verifier's (a reward function that raises is never a reward of 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clotho.agent.base import Agent, AgentContext
+from clotho.agent.result import AgentResult
+from clotho.errors import ClothoError, ErrorInfo, ErrorKind
+from clotho.rollout.outcome import Phase, RolloutOutcome, VerifierOutcome
+from clotho.sandbox.base import Sandbox
+from clotho.sandbox.config import SandboxConfig
+from clotho.sandbox.pool import SlotPool
+
+log = logging.getLogger(__name__)
+
+Prepare = Callable[[Sandbox], Awaitable[None]]
+Verify = Callable[[Sandbox, AgentResult], Awaitable[VerifierOutcome]]
+
+# The kind of an untyped exception, by the phase it escaped from.
+_UNTYPED_KIND: dict[Phase, ErrorKind] = {
+    "acquire": "infra",
+    "setup": "task",
+    "agent": "infra",
+    "verify": "verifier",
+    "done": "infra",
+}
+
+
+@dataclass
+class RolloutSpec:
+    """Everything one rollout needs; the caller decides what the workspace and verdict are."""
+
+    sandbox: SandboxConfig
+    agent: Agent
+    instruction: Callable[[], str]
+    verify: Verify
+    prepare: Prepare | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None  # wall clock of the whole rollout (agent + verification)
+    agent_time_limit_s: float | None = None
+    solution_dir: Path | None = None  # only the oracle looks at it
+    pass_threshold: float = 1.0
+
+
+async def run_rollout(spec: RolloutSpec, pool: SlotPool) -> RolloutOutcome:
+    """Never raises for the task's, the agent's or the verifier's failures: they are recorded.
+
+    Cancellation (Ctrl-C) propagates after the sandbox is released.
+    """
+    outcome = RolloutOutcome()
+    started = time.perf_counter()
+    deadline = asyncio.timeout(spec.timeout_s)
+    try:
+        async with deadline:
+            await _phases(spec, pool, outcome)
+    except TimeoutError as exc:
+        if not deadline.expired():
+            outcome.error = _error(exc, outcome.phase)
+        else:
+            outcome.error = ErrorInfo(
+                kind="agent",
+                message=f"wall-clock limit of {spec.timeout_s:g} s reached during {outcome.phase}",
+            )
+    except Exception as exc:
+        outcome.error = _error(exc, outcome.phase)
+    if outcome.verifier is not None and outcome.error is None:
+        outcome.reward = outcome.verifier.reward
+        outcome.rewards = outcome.verifier.rewards
+        outcome.passed = outcome.reward >= spec.pass_threshold
+    outcome.duration_s = time.perf_counter() - started
+    return outcome
+
+
+def _error(exc: Exception, phase: Phase) -> ErrorInfo:
+    if isinstance(exc, ClothoError):
+        return ErrorInfo.of(exc)
+    kind = _UNTYPED_KIND[phase]
+    if kind == "infra":
+        log.exception("internal error during %s", phase)
+        return ErrorInfo.of(exc)
+    return ErrorInfo(kind=kind, message=f"{phase}: {type(exc).__name__}: {exc}")
+
+
+async def _phases(spec: RolloutSpec, pool: SlotPool, outcome: RolloutOutcome) -> None:
+    sandbox = await pool.acquire(spec.sandbox, labels=spec.labels)
+    try:
+        outcome.phase = "setup"
+        if spec.prepare is not None:
+            await spec.prepare(sandbox)
+        context = AgentContext(
+            instruction=spec.instruction(),
+            sandbox=sandbox,
+            time_limit_s=spec.agent_time_limit_s,
+            solution_dir=spec.solution_dir,
+        )
+        outcome.phase = "agent"
+        outcome.agent = await spec.agent.run(context)
+        if outcome.agent.stop_reason == "model_error":
+            outcome.error = ErrorInfo(kind="infra", message=outcome.agent.error or "model error")
+            return
+        outcome.phase = "verify"
+        outcome.verifier = await spec.verify(sandbox, outcome.agent)
+        outcome.phase = "done"
+    finally:
+        await asyncio.shield(pool.release(sandbox))

@@ -1,0 +1,87 @@
+"""What a task asks of its sandbox, and its workspace.
+
+The task format knows where the build context is (environment/Dockerfile or a compose
+file's main service) and what limits it sets; the sandbox backend decides what to do with
+that (`SlotPool.prepare`). Nothing here knows which backend runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from clotho.errors import TaskError
+from clotho.sandbox import EnvironmentSpec, Sandbox
+from clotho.tasks.harbor import Task
+
+COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
+# Files of environment/ that describe how to build a container, not workspace content.
+BUILD_FILES = ("Dockerfile", ".dockerignore", *COMPOSE_FILES)
+
+
+def build_context(task: Task) -> tuple[Path, str] | None:
+    """(context folder, Dockerfile name): environment/Dockerfile, or the build section of
+    the compose file's main service (`main`, else `client`, else the first with `build`)."""
+    env_dir = task.environment_dir
+    if (env_dir / "Dockerfile").is_file():
+        return env_dir, "Dockerfile"
+    for name in COMPOSE_FILES:
+        compose = env_dir / name
+        if not compose.is_file():
+            continue
+        try:
+            services = (yaml.safe_load(compose.read_text()) or {}).get("services") or {}
+        except yaml.YAMLError as exc:
+            raise TaskError(f"{compose}: invalid YAML: {exc}") from exc
+        with_build = {k: v for k, v in services.items() if isinstance(v, dict) and v.get("build")}
+        main = next((with_build[k] for k in ("main", "client") if k in with_build), None)
+        main = main or next(iter(with_build.values()), None)
+        if main is None:
+            continue
+        build = main["build"]
+        if isinstance(build, str):
+            return _inside(task, compose, env_dir / build), "Dockerfile"
+        context = _inside(task, compose, env_dir / str(build.get("context", ".")))
+        dockerfile = str(build.get("dockerfile", "Dockerfile"))
+        _inside(task, compose, context / dockerfile)
+        return context, dockerfile
+    return None
+
+
+def _inside(task: Task, compose: Path, path: Path) -> Path:
+    """A build path from a compose file, refused when it leaves the task's folder (a task
+    must not make the build read host files)."""
+    resolved = path.resolve()
+    if not resolved.is_relative_to(task.path.resolve()):
+        raise TaskError(f"{compose}: build path {path} leaves the task folder")
+    return resolved
+
+
+def environment_spec(task: Task) -> EnvironmentSpec:
+    env = task.config.environment
+    found = build_context(task)
+    context, dockerfile = found if found is not None else (None, "Dockerfile")
+    if context is not None and not (context / dockerfile).is_file():
+        context = None
+    return EnvironmentSpec(
+        name=task.name,
+        context=context,
+        dockerfile=dockerfile,
+        image=env.docker_image,
+        build_timeout_s=env.build_timeout_sec,
+        cpus=env.cpus,
+        memory_mb=env.memory_mb,
+        storage_mb=env.storage_mb,
+    )
+
+
+async def upload_workspace(task: Task, sandbox: Sandbox) -> None:
+    """The files of environment/ (other than build files) become the workspace."""
+    env_dir = task.environment_dir
+    if not env_dir.is_dir():
+        return
+    await sandbox.upload(env_dir, sandbox.workdir)
+    present = [name for name in BUILD_FILES if (env_dir / name).exists()]
+    if present:
+        await sandbox.exec("rm -f -- " + " ".join(present), timeout=30)
