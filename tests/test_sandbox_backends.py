@@ -39,7 +39,7 @@ from clotho.sandbox.backends import LocalBackend, backend_key, make_backend
 from clotho.sandbox.docker import images
 from clotho.sandbox.docker.images import context_hash
 from clotho.sandbox.leases import OWNER
-from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
+from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX, make_state_dir
 
 BASE_IMAGE = "clotho/base:bookworm"
 
@@ -131,6 +131,26 @@ async def test_lone_local_sandbox_leaves_nothing(tmp_path: Path) -> None:
         assert (await sb.exec("echo hi")).stdout == "hi\n"
         assert [r.labels["k"] for r in await LocalBackend(str(tmp_path)).records()] == ["v"]
     assert list(tmp_path.iterdir()) == []
+
+
+@requires_bwrap
+async def test_pool_reaps_orphans_where_a_backend_is_first_used(tmp_path: Path) -> None:
+    """A config with its own state folder gets its own backend; making it reaps the dead
+    runs' folders there (not only in TMPDIR), and leaves live ones alone."""
+    state = tmp_path / "state"
+    dead = f"{socket.gethostname()}:{dead_pid()}"
+    orphan = make_state_dir(str(state), {OWNER: dead, "probe": "orphan"})
+    live = make_state_dir(str(state), {"probe": "live"})
+    async with SlotPool(PoolConfig()) as pool:
+        assert orphan.exists()  # nothing there is known before the backend is used
+        async with pool.lease(LocalSandboxConfig(state_dir=str(state))) as sb:
+            assert (await sb.exec("echo in")).stdout == "in\n"
+            for _ in range(100):
+                if not orphan.exists():
+                    break
+                await asyncio.sleep(0.05)
+            assert not orphan.exists()
+            assert live.exists()
 
 
 # --- docker: images -----------------------------------------------------------------------
