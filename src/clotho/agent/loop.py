@@ -20,14 +20,11 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from clotho.agent.result import AgentResult, StopReason, ToolErrorRecord, TurnTiming
-from clotho.chat.models import Model, ModelSession
+from clotho.chat.models import ModelSession
 from clotho.chat.types import InvalidToolCall, ModelTurn, ToolCall
 from clotho.errors import AgentLimit, ModelError, SandboxError, describe_validation_error
 from clotho.tools.runtime import ToolFailure, ToolRuntime
 from clotho.tools.tool import Tool
-
-# transitional: env/base.py still imports ChatModel; the shared model is a `Model` now.
-ChatModel = Model
 
 
 class AgentLimits(BaseModel):

@@ -7,8 +7,9 @@ its own session (an endpoint keeps no per-rollout state); a `TokenModel` gives a
 None (chat endpoints).
 
 `build_model` is async because loading is slow: the embedded llama.cpp model (~2.5 s), its
-GGUF tokenizer (~3.7 s) and a `tokenizer.json` with its template are loaded in a worker
-thread, the one edge where blocking work leaves the event loop.
+GGUF tokenizer (~3.7 s), a `tokenizer.json` with its template, even an HTTP client's TLS
+context (~30 ms) are loaded in a worker thread, the one edge where blocking work leaves the
+event loop.
 """
 
 from __future__ import annotations
@@ -73,14 +74,15 @@ def token_sampling(params: SamplingParams) -> TokenSampling:
 
 async def build_model(config: ModelConfig) -> ChatClient | TokenModel:
     """A `ChatClient` (api=chat) or a `TokenModel` (vllm, sglang, local), loaded off the loop."""
+    return await asyncio.to_thread(load_model, config)
+
+
+def load_model(config: ModelConfig) -> ChatClient | TokenModel:
+    """`build_model`'s blocking half: seconds for a token backend's model and tokenizer, tens
+    of milliseconds for a chat client's TLS context. Call it from a worker thread, or before
+    an event loop runs."""
     if config.api == "chat":
         return ChatClient(config)
-    return await asyncio.to_thread(load_token_model, config)
-
-
-def load_token_model(config: ModelConfig) -> TokenModel:
-    """Load a token backend, its tokenizer and template. Blocks for seconds: call it from a
-    worker thread (`build_model`) or before an event loop runs."""
     sampling = token_sampling(config.sampling)
     client: TokenClient
     if config.api == "local":

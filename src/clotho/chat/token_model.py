@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from clotho.chat.ledger import OnBreak, TokenLedger, TokenSequence, stop_token_ids
@@ -29,6 +30,7 @@ class ContextFull(AgentLimit):
     """The conversation filled the model's context: the rollout ends with `token_limit`."""
 
 
+@dataclass(eq=False)
 class TokenModel:
     """A token backend with the model's tokenizer, template and tool-call format.
 
@@ -36,34 +38,27 @@ class TokenModel:
     off the event loop (`clotho.chat.models.build_model` does).
     """
 
-    def __init__(
-        self,
-        client: TokenClient,
-        tokenizer: TemplateTokenizer,
-        *,
-        tool_parser: str = "hermes",
-        sampling: TokenSampling | None = None,
-        max_context_tokens: int | None = None,
-        on_break: OnBreak = "split",
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        self.client = client
-        self.tokenizer = tokenizer
-        self.tool_parser = tool_parser
-        self.template_kwargs = dict(template_kwargs or {})
-        base = sampling or TokenSampling()
-        if not base.stop_token_ids:
-            base = base.model_copy(
-                update={"stop_token_ids": stop_token_ids(tokenizer, self.template_kwargs)}
-            )
-        self.sampling = base
-        self.max_context_tokens = max_context_tokens
-        self.on_break: OnBreak = on_break
-        get_parser(tool_parser)  # an unknown format fails now, not in the first rollout
-        # A template with no place for tools gets them in the system message instead.
-        self.tools_in_system = not renders_tools(tokenizer, self.template_kwargs)
-        # The text of each stop id, to cut it off the decoded turn without decoding again.
-        self.stop_texts = {i: tokenizer.decode([i]) for i in self.sampling.stop_token_ids}
+    client: TokenClient
+    tokenizer: TemplateTokenizer
+    tool_parser: str = "hermes"
+    # Without stop ids, the template's end-of-turn ids are the stops.
+    sampling: TokenSampling = field(default_factory=TokenSampling)
+    max_context_tokens: int | None = None
+    on_break: OnBreak = "split"
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # A template with no place for tools gets them in the system message instead.
+    tools_in_system: bool = field(init=False)
+    # The text of each stop id, to cut it off the decoded turn without decoding again.
+    stop_texts: dict[int, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.template_kwargs = dict(self.template_kwargs)
+        if not self.sampling.stop_token_ids:
+            stops = stop_token_ids(self.tokenizer, self.template_kwargs)
+            self.sampling = self.sampling.model_copy(update={"stop_token_ids": stops})
+        get_parser(self.tool_parser)  # an unknown format fails now, not in the first rollout
+        self.tools_in_system = not renders_tools(self.tokenizer, self.template_kwargs)
+        self.stop_texts = {i: self.tokenizer.decode([i]) for i in self.sampling.stop_token_ids}
 
     def session(self) -> TokenChatSession:
         """A fresh ledger and parser for one rollout."""
