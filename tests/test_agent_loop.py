@@ -326,6 +326,39 @@ async def test_sandbox_error_in_a_tool_propagates(sandbox: Sandbox) -> None:
         await run_loop(server, sandbox, tools=[broken])
 
 
+async def test_sandbox_error_in_a_parallel_call_cancels_its_siblings(sandbox: Sandbox) -> None:
+    """Parallel calls share a TaskGroup: the broken one's SandboxError (itself, not an
+    exception group) ends the run at once, and the sibling still sleeping is cancelled."""
+    log: list[str] = []
+
+    @tool
+    async def slow(rt: ToolRuntime) -> str:
+        """Sleep for a long time."""
+        log.append("started")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            log.append("cancelled")
+            raise
+        return "slept"
+
+    @tool
+    async def broken(rt: ToolRuntime) -> str:
+        """Break the sandbox after a moment."""
+        await asyncio.sleep(0.05)
+        raise SandboxError("the sandbox shell is gone")
+
+    script = [assistant("", [tool_call("slow"), tool_call("broken")])]
+    started = time.perf_counter()
+    with (
+        ScriptedOpenAIServer(script) as server,
+        pytest.raises(SandboxError, match="shell is gone"),
+    ):
+        await run_loop(server, sandbox, tools=[slow, broken])
+    assert time.perf_counter() - started < 10
+    assert log == ["started", "cancelled"]
+
+
 # -- several calls in one turn --------------------------------------------------------------
 
 
