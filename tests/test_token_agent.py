@@ -18,7 +18,7 @@ import json
 import logging
 import re
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -129,6 +129,27 @@ async def test_replayed_qwen3_rollout_keeps_exact_tokens_and_reports_bad_calls(
     # Sampling went through the HTTP hop intact, with the template's end-of-turn stop id.
     im_end = qwen.encode("<|im_end|>")
     assert all(s.seed == 1 and s.stop_token_ids == im_end for s in replay.samplings)
+
+
+class CountingTokenizer(TemplateTokenizer):
+    """The real Qwen3 tokenizer, counting how often sampled ids are decoded."""
+
+    decoded = 0
+
+    def decode(self, ids: Sequence[int]) -> str:
+        self.decoded += 1
+        return super().decode(ids)
+
+
+async def test_each_sampled_turn_is_decoded_once(sandbox: Sandbox, qwen: TemplateTokenizer) -> None:
+    counting = CountingTokenizer(qwen.tokenizer, qwen.template)
+    model = TokenModel(ReplayTokenClient(qwen, [GOOD_TURN, BAD_TURN, LAST_TURN]), counting)
+    counting.decoded = 0  # the model decoded its stop ids once, when it was built
+    tools = default_registry().resolve(["terminal", "file"])
+    result = await AgentLoop(model.session(), tools, ToolRuntime(sandbox=sandbox)).run([USER])
+    assert result.turns == 3 and result.reasoning[0] == "Write it, then read it back."
+    assert result.messages[-1]["content"] == "The file says hi."
+    assert counting.decoded == 3
 
 
 @pytest.fixture(scope="module")
