@@ -50,11 +50,6 @@ class Model(Protocol):
     async def aclose(self) -> None: ...
 
 
-def per_rollout(model: Model) -> ModelSession:
-    """The session one rollout talks to (a token backend keeps one ledger per rollout)."""
-    return model.session()
-
-
 def token_sampling(params: SamplingParams) -> TokenSampling:
     """Chat sampling settings as a token backend takes them."""
     if params.stop:
