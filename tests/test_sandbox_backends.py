@@ -394,19 +394,18 @@ async def test_sandbox_gc_goes_through_the_backends_at_their_addresses(
             "HostConfig": {"NetworkMode": "none"},
         }
     )
+    # A folder whose owner died: what a SIGKILLed run leaves.
     local = await open_sandbox(LocalSandboxConfig(state_dir=str(state)), {"probe": marker})
+    (lease_file,) = state.glob(f"{STATE_PREFIX}*/{LEASE_FILE}")
+    folder = lease_file.parent
+    lease = json.loads(lease_file.read_text())
+    await local.close()
+    folder.mkdir()
+    lease_file.write_text(json.dumps({**lease, "labels": {**lease["labels"], OWNER: dead}}))
     live = await open_sandbox(
         DockerSandboxConfig(docker_url=f"unix://{link}", state_dir=str(state)), {"probe": marker}
     )
     try:
-        # A folder whose owner died: what a SIGKILLed run leaves.
-        lease_file = next(state.glob(f"{STATE_PREFIX}*/{LEASE_FILE}"))
-        folder = lease_file.parent
-        lease = json.loads(lease_file.read_text())
-        await local.close()
-        folder.mkdir()
-        lease_file.write_text(json.dumps({**lease, "labels": {**lease["labels"], OWNER: dead}}))
-
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "clotho", "sandbox", "gc",
             "--docker-url", f"unix://{link}", "--state-dir", str(state),
