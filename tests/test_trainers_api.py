@@ -34,8 +34,10 @@ class Rig:
     async def server(self, port: int = 0, **settings: Any) -> ApiServer:
         return await self.stack.enter_async_context(ApiServer(ApiSettings(**settings), port=port))
 
-    async def trainer(self, server: ApiServer, batch_size: int, **kw: Any) -> ScriptedTrainer:
-        trainer = ScriptedTrainer(server.url)
+    async def trainer(
+        self, server: ApiServer, batch_size: int, token: str | None = None, **kw: Any
+    ) -> ScriptedTrainer:
+        trainer = ScriptedTrainer(server.url, token)
         self.stack.push_async_callback(trainer.aclose)
         await trainer.register(batch_size, **kw)
         assert await trainer.batch() is None  # the first /batch starts the trainer
@@ -86,10 +88,11 @@ async def test_env_pushes_groups_and_trainer_pulls_aligned_batches(rig: Rig) -> 
 
     first = await client.send_group(make_group(4, marker=1))
     assert first.status == "received"
+    await client.wait_for_room()
     many = await client.send_groups([make_group(4, marker=2), make_group(4, marker=3)])
     assert (many.status, many.groups_processed) == ("received", 2)
     big = make_group(4, marker=4, completion_len=400)  # about 20 KB of JSON: sent gzipped
-    await client.send_group(big)
+    await client.send(big)  # the GroupSink call environment drivers make
     assert sent_encodings == [None, None, "gzip"]
 
     batches = [await trainer.pull(), await trainer.pull()]
@@ -199,14 +202,23 @@ async def test_dead_env_with_minimum_allocation_stops_blocking_after_timeout(rig
     assert 9 in [g["tokens"][0][0] for g in batch]
 
 
+async def slow_and_busy(
+    rig: Rig, server: ApiServer, minimum: float
+) -> tuple[AtroposClient, AtroposClient]:
+    """A live env with a minimum and nothing queued (heartbeating), and one with a full
+    batch queued (markers 1 and 2)."""
+    slow = rig.client(server.url, heartbeat_s=0.05)
+    await slow.register_env(env("slow", min_batch_allocation=minimum))
+    busy = rig.client(server.url)
+    await busy.register_env(env("busy"))
+    await busy.send_groups([make_group(4, marker=1), make_group(4, marker=2)])
+    return slow, busy
+
+
 async def test_heartbeat_keeps_a_slow_env_alive(rig: Rig) -> None:
     server = await rig.server(env_timeout_s=0.5)
     trainer = await rig.trainer(server, batch_size=8)
-    slow = rig.client(server.url, heartbeat_s=0.05)
-    await slow.register_env(env("slow", min_batch_allocation=0.5))
-    busy = rig.client(server.url)
-    await busy.register_env(env("fast"))
-    await busy.send_groups([make_group(4), make_group(4)])
+    await slow_and_busy(rig, server, minimum=0.5)
     await asyncio.sleep(0.9)  # well past the timeout, with no rollouts from the slow env
     assert await trainer.batch() is None  # still live, so its minimum still counts
 
@@ -361,7 +373,9 @@ async def test_latest_example_and_reset_leave_a_working_server(rig: Rig) -> None
         latest = (await http.get("/latest_example")).json()
         assert latest["tokens"][0][0] == 42 and latest["env_id"] == 0 and len(latest) == 14
 
-        assert (await http.get("/reset_data")).text == "Reset successful"
+        refused = await http.get("/reset_data")  # without a token any web page could send it
+        assert refused.status_code == 405 and "use POST /reset_data" in refused.text
+        assert (await http.post("/reset_data")).text == "Reset successful"
         assert (await http.get("/info")).json() == {"batch_size": -1, "max_token_len": -1}
         assert (await http.get("/status")).json() == {"current_step": 0, "queue_size": 0}
         assert (await http.get("/wandb_info")).json() == {"group": None, "project": None}

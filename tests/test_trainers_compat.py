@@ -1,8 +1,14 @@
-"""Our client and scripted trainer against upstream `run-api` (atroposlib), if installed.
+"""Our client and scripted trainer against upstream `run-api` (atroposlib), if installed, and
+upstream's own API tests and HTTP clients against `clotho api`.
 
 The upstream package pulls in a heavy dependency tree, so it lives in its own virtual
 environment, never the project's: `make test` builds it once (`scripts/atropos-venv.sh`,
 in ~/.cache/clotho/atropos-venv, or CLOTHO_ATROPOS_VENV); without it these tests skip.
+
+Upstream clients send no credentials of their own; they authenticate to `clotho api` with
+the token in the URL they are given (`http://clotho:<token>@host:port`), which `requests`
+(upstream's trainer and tests) and `aiohttp` (its environments, sft and dpo tools) send as
+HTTP Basic.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from tests.test_trainers_support import ScriptedTrainer, check_batch, free_port,
 
 from clotho.trainers.client import ApiClientConfig, AtroposClient
 from clotho.trainers.protocol import RegisterEnv
+from clotho.trainers.server import ApiServer
+from clotho.trainers.state import ApiSettings
 
 VENV = Path(
     os.environ.get("CLOTHO_ATROPOS_VENV", Path.home() / ".cache" / "clotho" / "atropos-venv")
@@ -103,13 +111,17 @@ UPSTREAM_API_TESTS = (
 )
 
 
+TOKEN = "compat-token"
+
+
 def _rewrite_for_clotho(text: str, port: int) -> str:
-    """Swap upstream's launch command for `clotho api` and its fixed port 8000 for ours."""
+    """Swap upstream's launch command for `clotho api`, its fixed port 8000 for ours, and its
+    URLs for ones that carry the token (the server reads it from CLOTHO_API_TOKEN)."""
     text = (
         text.replace("from atroposlib.tests.api_test_utils import", "from api_test_utils import")
         .replace("sys.executable,", f"{sys.executable!r},")
         .replace('"atroposlib.cli.run_api",', '"clotho", "api",')
-        .replace("localhost:8000", f"localhost:{port}")
+        .replace("http://localhost:8000", f"http://clotho:{TOKEN}@localhost:{port}")
         .replace('"8000"', f'"{port}"')
     )
     assert "atroposlib.cli.run_api" not in text and "8000" not in text  # else: testing upstream
@@ -127,6 +139,9 @@ async def test_upstream_api_test_suite_passes_against_clotho_api(tmp_path: Path)
     for name in UPSTREAM_API_TESTS:
         text = (found[0] / name).read_text()
         (tmp_path / name).write_text(_rewrite_for_clotho(text, port))
+    for name in UPSTREAM_API_TESTS:
+        text = (tmp_path / name).read_text()
+        assert "http://localhost" not in text.replace(f"http://clotho:{TOKEN}@localhost", "")
     run = await asyncio.create_subprocess_exec(
         str(python),
         "-m",
@@ -136,6 +151,7 @@ async def test_upstream_api_test_suite_passes_against_clotho_api(tmp_path: Path)
         "no:cacheprovider",
         str(tmp_path),
         cwd=tmp_path,
+        env={**os.environ, "CLOTHO_API_TOKEN": TOKEN},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -144,3 +160,32 @@ async def test_upstream_api_test_suite_passes_against_clotho_api(tmp_path: Path)
     assert run.returncode == 0, text[-3000:]
     passed = re.search(r"(\d+) passed", text)
     assert passed and int(passed.group(1)) >= 30, text[-3000:]
+
+
+AIOHTTP_PROBE = """
+import asyncio, sys, aiohttp
+
+async def main(url):
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{url}/info") as response:
+            print(response.status)
+        async with session.get(f"{url}/reset_data") as response:  # as atropos-sft-gen does
+            print(response.status)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_aiohttp_clients_authenticate_with_the_token_in_the_url() -> None:
+    """How an upstream environment (`BaseEnv`, aiohttp) reaches a `clotho api` with a token."""
+    python = VENV / "bin" / "python"
+    async with ApiServer(ApiSettings(token=TOKEN), port=0) as server:
+        statuses = []
+        for url in (server.url.replace("://", f"://clotho:{TOKEN}@"), server.url):
+            probe = await asyncio.create_subprocess_exec(
+                str(python), "-c", AIOHTTP_PROBE, url, stdout=asyncio.subprocess.PIPE
+            )
+            output, _ = await asyncio.wait_for(probe.communicate(), 60)
+            assert probe.returncode == 0
+            statuses.append(output.decode().split())
+    assert statuses == [["200", "200"], ["401", "401"]]

@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 
-from clotho.trainers.protocol import MASKED, ScoredDataGroup
+from clotho.chat.tokens import MASKED
+from clotho.env.scored import ScoredGroup
 
 BATCH_KEYS = {
     "tokens",
@@ -40,7 +41,7 @@ def free_port() -> int:
 
 def make_group(
     size: int, *, marker: int = 0, prompt_len: int = 3, completion_len: int = 4
-) -> ScoredDataGroup:
+) -> ScoredGroup:
     """`size` sequences; each starts with `marker` so a test can tell groups apart."""
     tokens, masks, logprobs, messages = [], [], [], []
     for i in range(size):
@@ -52,7 +53,7 @@ def make_group(
         messages.append(
             [{"role": "user", "content": f"task {marker}"}, {"role": "assistant", "content": "x"}]
         )
-    return ScoredDataGroup(
+    return ScoredGroup(
         tokens=tokens,
         masks=masks,
         scores=[float(i % 2) for i in range(size)],
@@ -80,9 +81,10 @@ def check_batch(batch: list[dict[str, Any]], batch_size: int) -> None:
 
 
 class ScriptedTrainer:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url
-        self.http = httpx.AsyncClient(base_url=url, timeout=10)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.AsyncClient(base_url=url, timeout=10, headers=headers)
 
     async def register(self, batch_size: int, *, starting_step: int = 0) -> dict[str, Any]:
         response = await self.http.post(

@@ -14,6 +14,10 @@
 
 Connection errors and 5xx are retried with backoff; what survives the retries, and any 4xx,
 is a `TrainerError`.
+
+Authentication: `token` is sent as `Authorization: Bearer <token>` on every request; a token
+in the URL (`http://clotho:<token>@host:8000`, the form upstream Atropos clients use) is
+taken from there and left out of the URL. Upstream `run-api` ignores the header.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -36,14 +40,15 @@ from tenacity import (
     wait_fixed,
 )
 
+from clotho.env.scored import ScoredGroup
 from clotho.errors import TrainerError
 from clotho.trainers.protocol import (
+    OFF_LOOP_BYTES,
     WAIT_FOR_TRAINER,
     GroupLike,
     Info,
     RegisterEnv,
     RegisterEnvResponse,
-    ScoredData,
     ScoredDataListResponse,
     ScoredDataResponse,
     StatusEnv,
@@ -52,15 +57,16 @@ from clotho.trainers.protocol import (
 
 log = logging.getLogger(__name__)
 
-_GROUPS = TypeAdapter(list[ScoredData])
-_THREAD_BYTES = 1 << 20
-"""Bodies above this are compressed off the event loop."""
+_GROUPS = TypeAdapter(list[ScoredGroup])
 
 
 class ApiClientConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = "http://localhost:8000"
+    token: SecretStr | None = Field(
+        None, description="sent as 'Authorization: Bearer'; or put it in the url's user info"
+    )
     timeout_s: float = Field(60.0, gt=0, description="per request")
     register_timeout_s: float = Field(
         600.0, ge=0, description="how long register_env waits for the server and a trainer"
@@ -107,7 +113,11 @@ class AtroposClient:
     ) -> None:
         """`http`: a shared connection pool to use (and close) instead of a new one."""
         self.config = config or ApiClientConfig()
-        self._base = self.config.url.rstrip("/")
+        url = httpx.URL(self.config.url)
+        token = self.config.token.get_secret_value() if self.config.token else None
+        token = token or url.password or url.username or None
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._base = str(url.copy_with(username=None, password=None)).rstrip("/")
         self._http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(self.config.timeout_s, connect=min(10.0, self.config.timeout_s))
         )
@@ -127,7 +137,7 @@ class AtroposClient:
         headers = {"Content-Type": "application/json"}
         if len(data) < self.config.gzip_min_bytes:
             return data, headers
-        if len(data) > _THREAD_BYTES:
+        if len(data) > OFF_LOOP_BYTES:
             packed = await asyncio.to_thread(_compress, data)
         else:
             packed = _compress(data)
@@ -140,7 +150,7 @@ class AtroposClient:
     ) -> Any:
         try:
             response = await self._http.request(
-                method, self._base + path, content=body, headers=headers
+                method, self._base + path, content=body, headers={**headers, **self._auth}
             )
         except httpx.TransportError as exc:
             raise _Retryable(f"{path}: {type(exc).__name__}: {exc}") from exc
@@ -148,7 +158,7 @@ class AtroposClient:
             raise _Retryable(f"{path}: HTTP {response.status_code}: {_error_text(response)}")
         if response.status_code >= 400:
             raise TrainerError(
-                f"{self.config.url}{path}: HTTP {response.status_code}: {_error_text(response)}"
+                f"{self._base}{path}: HTTP {response.status_code}: {_error_text(response)}"
             )
         try:
             return response.json()
@@ -174,7 +184,7 @@ class AtroposClient:
                     return await self._send(method, path, body, headers)
         except _Retryable as exc:
             raise TrainerError(
-                f"trajectory API at {self.config.url} failed after {attempts} attempts: {exc}"
+                f"trajectory API at {self._base} failed after {attempts} attempts: {exc}"
             ) from exc
         raise AssertionError("unreachable")
 
@@ -198,7 +208,7 @@ class AtroposClient:
                         raise _NotStarted(WAIT_FOR_TRAINER)
         except (_Retryable, _NotStarted) as exc:
             raise TrainerError(
-                f"could not register with the trajectory API at {self.config.url} within "
+                f"could not register with the trajectory API at {self._base} within "
                 f"{self.config.register_timeout_s:.0f} s: {exc}"
             ) from exc
         if reply.status != "success" or reply.env_id is None:
@@ -269,15 +279,22 @@ class AtroposClient:
             raise ValueError("send_groups needs at least one group")
         if len(groups) == 1:
             return await self.send_group(groups[0])
-        wire = _GROUPS.dump_json([to_wire(group, self.env_id) for group in groups])
+        wire = _GROUPS.dump_json(
+            [to_wire(group, self.env_id) for group in groups],
+            exclude={"__all__": {"schema_version"}},
+        )
         reply = ScoredDataListResponse.model_validate(
             await self._call("POST", "/scored_data_list", wire)
         )
         self._last_contact = time.monotonic()
         return reply
 
+    async def send(self, group: GroupLike) -> None:
+        """One group to the trainer (the `GroupSink` call environments' drivers make)."""
+        await self.send_group(group)
+
     async def send_group(self, group: GroupLike) -> ScoredDataResponse:
-        wire = to_wire(group, self.env_id).model_dump_json().encode()
+        wire = to_wire(group, self.env_id).wire_json()
         reply = ScoredDataResponse.model_validate(await self._call("POST", "/scored_data", wire))
         self._last_contact = time.monotonic()
         return reply

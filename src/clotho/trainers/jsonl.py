@@ -1,8 +1,8 @@
 """A JSONL trainer sink: scored groups appended one per line, and the loader for them.
 
-Each line is a `GroupLine`: the wire group (`ScoredData`, all 14 keys, as `/batch` serves
-it) plus `schema_version`, so offline trainers and upstream tools that read Atropos group
-files read ours, and upstream files (no `schema_version`) load here as version 1.
+Each line is a `ScoredGroup`: all 14 upstream keys, as `/batch` serves a group, plus
+`schema_version`, so offline trainers and upstream tools that read Atropos group files read
+ours, and upstream files (no `schema_version`) load here as version 1.
 """
 
 from __future__ import annotations
@@ -11,21 +11,12 @@ import asyncio
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 from pydantic import ValidationError
 
+from clotho.env.scored import SCHEMA_VERSION, ScoredGroup
 from clotho.errors import ConfigError
-from clotho.trainers.protocol import GroupLike, ScoredData, to_wire
-
-SCHEMA_VERSION = 1
-_THREAD_BYTES = 1 << 20
-
-
-class GroupLine(ScoredData):
-    """One line of a groups file."""
-
-    schema_version: Literal[1] = SCHEMA_VERSION
+from clotho.trainers.protocol import OFF_LOOP_BYTES, GroupLike, to_wire
 
 
 def _append(path: Path, text: str) -> None:
@@ -36,7 +27,8 @@ def _append(path: Path, text: str) -> None:
 
 
 class JsonlSink:
-    """Appends groups to `path`; same `send_groups` call as `AtroposClient`."""
+    """Appends groups to `path`; same `send`, `send_groups` and `wait_for_room` calls as
+    `AtroposClient`."""
 
     def __init__(self, path: Path, *, env_id: int | None = None) -> None:
         self.path = path
@@ -45,24 +37,28 @@ class JsonlSink:
         self._lock = asyncio.Lock()
 
     async def send_groups(self, groups: Sequence[GroupLike]) -> int:
-        lines = [
-            GroupLine.model_construct(**dict(to_wire(group, self.env_id)), schema_version=1)
-            for group in groups
-        ]
+        lines = [to_wire(group, self.env_id) for group in groups]
         text = "".join(line.model_dump_json() + "\n" for line in lines)
         async with self._lock:
-            if len(text) > _THREAD_BYTES:
+            if len(text) > OFF_LOOP_BYTES:
                 await asyncio.to_thread(_append, self.path, text)
             else:
                 _append(self.path, text)
             self.written += len(lines)
         return len(lines)
 
+    async def send(self, group: GroupLike) -> None:
+        """One group (the `GroupSink` call environments' drivers make)."""
+        await self.send_groups([group])
+
+    async def wait_for_room(self) -> None:
+        """A file is never full: no backpressure."""
+
     async def aclose(self) -> None:
         """Nothing is held open between calls; present so sinks are interchangeable."""
 
 
-def load_groups(path: Path) -> list[GroupLine]:
+def load_groups(path: Path) -> list[ScoredGroup]:
     """Every group in `path`. A last line cut short (a crash mid-write) is skipped; any other
     bad line is an error naming the line, so damaged data is never silently dropped."""
     try:
@@ -70,7 +66,7 @@ def load_groups(path: Path) -> list[GroupLine]:
     except OSError as exc:
         raise ConfigError(f"cannot read groups file {path}: {exc}") from exc
     lines = text.split("\n")
-    groups: list[GroupLine] = []
+    groups: list[ScoredGroup] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -88,7 +84,7 @@ def load_groups(path: Path) -> list[GroupLine]:
                 f"understands ({SCHEMA_VERSION}); upgrade clotho"
             )
         try:
-            groups.append(GroupLine.model_validate(data))
+            groups.append(ScoredGroup.model_validate(data))
         except ValidationError as exc:
             if unfinished:
                 continue

@@ -14,12 +14,15 @@ What is fixed relative to upstream, and how:
   queue that prefers the oldest groups (`batching.py`), so a group that does not fit waits
   without blocking the rest, and a group larger than the batch is refused with HTTP 422
   when posted (with `/scored_data_list`, the whole list, so nothing is half-queued).
-- **A dead environment with a minimum allocation no longer blocks every batch.** Upstream
-  never notices a dead environment, and one holding a `min_batch_allocation` with nothing
-  queued holds back every batch forever. Here every request from an environment (status-env,
-  scored data) is a heartbeat; one silent for `env_timeout_s` (default 120 s; our client
-  heartbeats every 10 s, upstream envs poll ~10 times a second) counts as gone until it
-  speaks again.
+- **A minimum allocation no longer starves the trainer.** Upstream never notices a dead
+  environment, and one holding a `min_batch_allocation` with nothing queued (dead, or just
+  slow: an agentic rollout takes minutes) holds back every batch for as long as it lasts.
+  Here a minimum puts that environment's queued groups first, and holds back a batch the
+  queue could fill for `min_allocation_wait_s` at most (default 5 s), after which the batch
+  goes with what that environment has. Every request from an environment (status-env,
+  scored data) is also a heartbeat; one silent for `env_timeout_s` (default 120 s; our
+  client heartbeats every 10 s, upstream envs poll ~10 times a second) counts as gone until
+  it speaks again.
 - **A crashed or disconnected environment's share is released.** A gone or disconnected
   environment no longer counts in other environments' `env_weight`, in
   `unallocated_fraction`, or as a minimum when forming batches; its queued groups are still
@@ -33,8 +36,37 @@ What is fixed relative to upstream, and how:
   string**; an unknown id is a 404 instead of a 500, and a zero total weight no longer
   divides by zero.
 
-Other differences, all explicit: groups whose `tokens`, `masks` and `scores` do not line up
-are refused with 422 (upstream queues them and the trainer crashes later); groups smaller
+**Access.** Upstream has no authentication and allows every web origin, and its
+`GET /reset_data` wipes the queue: any web page the user opens, any process on the machine
+(an agent's sandbox without its own network included) could wipe or poison training data.
+Here (`AccessGuard`):
+
+- with a token (`ApiSettings.token`; `clotho api` always has one unless `--no-auth`), every
+  route but `/` needs `Authorization: Bearer <token>`, or HTTP Basic with the token as the
+  password, which is what `requests` and `aiohttp` send for a URL such as
+  `http://clotho:<token>@host:8000`: so upstream trainers, environments and `atropos-sft-gen`
+  authenticate by putting the token in the URL they are given. A refusal is a 401 whose
+  body says how to authenticate.
+- without a token the server listens on a loopback address only (`ApiServer` refuses any
+  other) and only for requests naming a loopback host (no DNS rebinding).
+- a request from a web page (an `Origin` header, or `Sec-Fetch-Site: cross-site|same-site`)
+  is refused with 403 unless its origin is listed in `cors_origins`; there is no wildcard
+  CORS.
+- `/reset_data` is POST; GET (which upstream's sft/dpo tools send) is kept only when a token
+  is required, so it can never come unauthenticated.
+
+**Large bodies.** Every body (and every gzip body once decompressed) above
+`max_request_bytes` is a 413, refused on its `Content-Length` before it is read when it
+says so. Bodies above 1 MiB are decompressed and validated in a worker thread, one at a
+time (so parsing N huge bodies at once cannot multiply the memory), while the event loop
+keeps serving other clients. The queue keeps each group as its JSON (`QueuedGroup`), about a
+tenth of the memory of Python lists, and `/batch` joins those bytes instead of re-encoding;
+large responses are gzipped in a worker thread too.
+
+Other differences, all explicit: groups with a NaN or infinite float, or token ids below 0
+or at or above the vocabulary size (`vocab_size`, from the server's settings or the trainer's
+registration), are refused with 422; so are groups whose `tokens`, `masks` and `scores` do
+not line up (upstream queues them and the trainer crashes later); groups smaller
 than the environment's declared size are queued directly rather than held in upstream's
 "buffered" side list (that list existed to feed the power-of-two packer; groups larger than
 declared were stranded there forever); a second `/register` with a different `batch_size`
@@ -46,7 +78,12 @@ before any trainer does.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import gzip
+import hmac
+import ipaddress
 import json
 import logging
 import socket
@@ -57,6 +94,7 @@ from typing import Any
 import uvicorn
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.gzip import GZipMiddleware
@@ -65,25 +103,132 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from clotho.env.scored import ScoredGroup
 from clotho.errors import ConfigError
 from clotho.trainers.protocol import (
     EMPTY_EXAMPLE,
     NOT_REGISTERED,
+    OFF_LOOP_BYTES,
     EnvIdentifier,
     RegisterEnv,
     Registration,
-    ScoredData,
 )
-from clotho.trainers.state import ApiSettings, ApiState, Rejected
+from clotho.trainers.state import ApiSettings, ApiState, QueuedGroup, Rejected
 
 log = logging.getLogger(__name__)
 
 GZIP_MIN_RESPONSE_BYTES = 1000
 """Responses this large are gzipped for clients that accept it (upstream's threshold)."""
 
-_GROUPS = TypeAdapter(list[ScoredData])
+TOKEN_ENV = "CLOTHO_API_TOKEN"
+"""Where `clotho api` and `clotho serve` read the token when no flag gives it."""
 
-# --- request decompression ---------------------------------------------------------------
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+
+_GROUPS = TypeAdapter(list[ScoredGroup])
+
+# --- access ------------------------------------------------------------------------------
+
+
+def how_to_authenticate(what: str) -> str:
+    return (
+        f"{what}: send 'Authorization: Bearer <token>' with the token `clotho api` was given "
+        f"(--token or {TOKEN_ENV}) or printed at start; an Atropos trainer or environment "
+        "can put it in the URL it is given: http://clotho:<token>@host:port"
+    )
+
+
+def token_of(headers: Headers) -> str | None:
+    """The token a request carries: Bearer, or HTTP Basic's password (or lone user name)."""
+    scheme, _, value = headers.get("authorization", "").strip().partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer":
+        return value
+    if scheme.lower() == "basic":
+        try:
+            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return password or user
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(host_header: str) -> str:
+    if host_header.startswith("["):
+        return host_header[1 : host_header.find("]")]
+    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+
+
+class _HttpMiddleware:
+    """An ASGI middleware that handles HTTP requests and passes anything else through."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.handle(scope, Headers(scope=scope), receive, send)
+
+    async def handle(self, scope: Scope, headers: Headers, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class AccessGuard(_HttpMiddleware):
+    """Refuses web pages (no wildcard CORS), unauthenticated requests, and, without a token,
+    requests that do not name a loopback host (a DNS-rebinding page would name its own)."""
+
+    def __init__(self, app: ASGIApp, token: str | None, origins: frozenset[str]) -> None:
+        super().__init__(app)
+        self.token = token.encode() if token else None
+        self.origins = origins
+
+    async def handle(self, scope: Scope, headers: Headers, receive: Receive, send: Send) -> None:
+        refusal = self._refusal(scope, headers)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope, headers: Headers) -> Response | None:
+        origin = headers.get("origin")
+        site = headers.get("sec-fetch-site", "")
+        if (origin is not None or site in ("cross-site", "same-site")) and (
+            origin not in self.origins
+        ):
+            return _error(
+                403,
+                f"requests from web pages (origin {origin or site!r}) are refused: the "
+                "trajectory API is for trainers and environments; list a page's origin "
+                "with --cors-origin to allow it",
+            )
+        if self.token is None:
+            if not is_loopback(_host_name(headers.get("host", ""))):
+                return _error(403, "without a token only loopback host names are served")
+            return None
+        if scope["path"] == "/":
+            return None
+        given = token_of(headers)
+        if given is None or not hmac.compare_digest(given.encode(), self.token):
+            what = "authentication required" if given is None else "wrong token"
+            response = _error(401, how_to_authenticate(what))
+            response.headers["WWW-Authenticate"] = 'Bearer realm="clotho api"'
+            return response
+        return None
+
+
+# --- request bodies ----------------------------------------------------------------------
 
 
 class _TooLarge(Exception):
@@ -107,36 +252,60 @@ def gunzip(data: bytes, limit: int) -> bytes:
     return b"".join(out)
 
 
-class GzipRequestMiddleware:
-    """Accept request bodies sent with `Content-Encoding: gzip` (upstream clients do)."""
+def _too_large(limit: int) -> Response:
+    return PlainTextResponse(
+        f"Request body too large: the limit is {limit} bytes (clotho api --max-request-mb)", 413
+    )
+
+
+class RequestBody(_HttpMiddleware):
+    """Reads every request body up to `max_bytes` (413 beyond, before reading when
+    Content-Length says so) and undoes `Content-Encoding: gzip` (upstream clients send it),
+    off the event loop when large."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
-        if b"gzip" not in headers.get(b"content-encoding", b"").lower():
-            await self.app(scope, receive, send)
+    async def handle(self, scope: Scope, headers: Headers, receive: Receive, send: Send) -> None:
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await _too_large(self.max_bytes)(scope, receive, send)
             return
         chunks: list[bytes] = []
+        total = 0
         while True:
             message = await receive()
-            chunks.append(message.get("body", b""))
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.max_bytes:
+                await _too_large(self.max_bytes)(scope, receive, send)
+                return
+            chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        try:
-            body = gunzip(b"".join(chunks), self.max_bytes)
-        except _TooLarge:
-            await PlainTextResponse("Request body too large", 413)(scope, receive, send)
-            return
-        except zlib.error:
-            await PlainTextResponse("Invalid gzip payload", 400)(scope, receive, send)
-            return
-        kept = [
-            (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
-        ]
-        scope = {**scope, "headers": [*kept, (b"content-length", str(len(body)).encode())]}
+        body = b"".join(chunks)
+        del chunks
+        if "gzip" in headers.get("content-encoding", "").lower():
+            try:
+                if len(body) > OFF_LOOP_BYTES // 8:  # zlib lets go of the GIL
+                    body = await asyncio.to_thread(gunzip, body, self.max_bytes)
+                else:
+                    body = gunzip(body, self.max_bytes)
+            except _TooLarge:
+                await _too_large(self.max_bytes)(scope, receive, send)
+                return
+            except zlib.error:
+                await PlainTextResponse("Invalid gzip payload", 400)(scope, receive, send)
+                return
+            kept = [
+                (k, v)
+                for k, v in scope["headers"]
+                if k not in (b"content-encoding", b"content-length")
+            ]
+            scope = {**scope, "headers": [*kept, (b"content-length", str(len(body)).encode())]}
         delivered = False
 
         async def replay() -> Message:
@@ -149,7 +318,21 @@ class GzipRequestMiddleware:
         await self.app(scope, replay, send)
 
 
+def parse_groups(body: bytes, *, many: bool, vocab_size: int | None) -> list[QueuedGroup]:
+    """Validate one group (or a JSON list of them) and keep each as its wire JSON."""
+    context = {"vocab_size": vocab_size}
+    if many:
+        groups = _GROUPS.validate_json(body, context=context)
+    else:
+        groups = [ScoredGroup.model_validate_json(body, context=context)]
+    return [QueuedGroup.of(group) for group in groups]
+
+
 # --- the application ---------------------------------------------------------------------
+
+
+def _error(status_code: int, message: str) -> JSONResponse:
+    return JSONResponse({"status": "error", "message": message}, status_code)
 
 
 def _json(model: BaseModel | dict[str, Any], status_code: int = 200) -> Response:
@@ -159,8 +342,11 @@ def _json(model: BaseModel | dict[str, Any], status_code: int = 200) -> Response
 
 
 def _invalid(exc: ValidationError) -> Response:
-    """FastAPI's shape for validation failures, which upstream clients expect."""
-    return JSONResponse({"detail": json.loads(exc.json(include_url=False))}, 422)
+    """FastAPI's shape for validation failures, which upstream clients expect, without the
+    input (it could be a 100 MB group)."""
+    return JSONResponse(
+        {"detail": json.loads(exc.json(include_url=False, include_input=False))}, 422
+    )
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -173,9 +359,19 @@ def _guard(handler: Handler) -> Handler:
         except ValidationError as exc:
             return _invalid(exc)
         except Rejected as exc:
-            return JSONResponse({"status": "error", "message": exc.message}, exc.status_code)
+            return _error(exc.status_code, exc.message)
 
     return run
+
+
+def endpoint(path: str, *methods: str) -> Callable[[Handler], Handler]:
+    """Marks a `_Routes` method as the handler of `path` for `methods`."""
+
+    def mark(handler: Handler) -> Handler:
+        handler.route = (path, list(methods))  # type: ignore[attr-defined]
+        return handler
+
+    return mark
 
 
 class _Routes:
@@ -183,31 +379,60 @@ class _Routes:
 
     def __init__(self, state: ApiState) -> None:
         self.state = state
+        self._parsing = asyncio.Semaphore(1)
 
+    async def _groups(self, request: Request, *, many: bool) -> list[QueuedGroup]:
+        body = await request.body()
+        vocab_size = self.state.vocab_size
+        if len(body) <= OFF_LOOP_BYTES:
+            return parse_groups(body, many=many, vocab_size=vocab_size)
+        async with self._parsing:  # one large body in memory as Python objects at a time
+            return await asyncio.to_thread(parse_groups, body, many=many, vocab_size=vocab_size)
+
+    @staticmethod
+    async def _json_bytes(request: Request, body: bytes) -> Response:
+        """Large bodies are gzipped in a worker thread, not by the middleware on the loop."""
+        if len(body) > OFF_LOOP_BYTES and "gzip" in request.headers.get("accept-encoding", ""):
+            packed = await asyncio.to_thread(gzip.compress, body, 6)
+            return Response(
+                packed,
+                media_type="application/json",
+                headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"},
+            )
+        return Response(body, media_type="application/json")
+
+    @endpoint("/", "GET")
     async def root(self, request: Request) -> Response:
         return JSONResponse({"message": "AtroposLib API", "server": "clotho"})
 
+    @endpoint("/register", "POST")
     async def register(self, request: Request) -> Response:
         registration = Registration.model_validate_json(await request.body())
         return JSONResponse({"uuid": self.state.register(registration)})
 
+    @endpoint("/register-env", "POST")
     async def register_env(self, request: Request) -> Response:
         body = RegisterEnv.model_validate_json(await request.body())
         return _json(self.state.register_env(body).model_dump(exclude_none=True))
 
+    @endpoint("/disconnect-env", "POST")
     async def disconnect_env(self, request: Request) -> Response:
         body = EnvIdentifier.model_validate_json(await request.body())
         return _json(self.state.disconnect_env(body.env_id).model_dump(exclude_none=True))
 
+    @endpoint("/wandb_info", "GET")
     async def wandb_info(self, request: Request) -> Response:
         return _json(self.state.wandb_info())
 
+    @endpoint("/info", "GET")
     async def info(self, request: Request) -> Response:
         return _json(self.state.info())
 
+    @endpoint("/status", "GET")
     async def status(self, request: Request) -> Response:
         return _json(self.state.status())
 
+    @endpoint("/status-env", "GET")
     async def status_env(self, request: Request) -> Response:
         body = await request.body()
         if body.strip():
@@ -216,16 +441,20 @@ class _Routes:
             env_id = EnvIdentifier.model_validate(dict(request.query_params)).env_id
         return _json(self.state.status_env(env_id))
 
+    @endpoint("/scored_data", "POST")
     async def scored_data(self, request: Request) -> Response:
-        group = ScoredData.model_validate_json(await request.body())
-        self.state.add_groups([group])
+        self.state.require_registration()  # before parsing what could not be queued
+        self.state.add_groups(await self._groups(request, many=False))
         return JSONResponse({"status": "received"})
 
+    @endpoint("/scored_data_list", "POST")
     async def scored_data_list(self, request: Request) -> Response:
-        groups = _GROUPS.validate_json(await request.body())
+        self.state.require_registration()
+        groups = await self._groups(request, many=True)
         self.state.add_groups(groups)
         return JSONResponse({"status": "received", "groups_processed": len(groups)})
 
+    @endpoint("/batch", "GET")
     async def batch(self, request: Request) -> Response:
         if self.state.registration is None:
             return JSONResponse({"status": "error", "message": NOT_REGISTERED, "batch": []})
@@ -236,48 +465,58 @@ class _Routes:
         log.info(
             "serving batch %d: %d groups, %d sequences", self.state.step, len(groups), sequences
         )
-        body = b'{"batch":' + _GROUPS.dump_json(groups) + b"}"
-        return Response(body, media_type="application/json")
+        body = b'{"batch":[' + b",".join(g.body for g in groups) + b"]}"
+        return await self._json_bytes(request, body)
 
+    @endpoint("/latest_example", "GET")
     async def latest_example(self, request: Request) -> Response:
         latest = self.state.latest
-        return _json(latest) if latest is not None else JSONResponse(EMPTY_EXAMPLE)
+        if latest is None:
+            return JSONResponse(EMPTY_EXAMPLE)
+        return await self._json_bytes(request, latest.body)
 
+    @endpoint("/reset_data", "GET", "POST")
     async def reset_data(self, request: Request) -> Response:
+        if request.method == "GET" and self.state.settings.token is None:
+            return _error(
+                405,
+                "GET /reset_data is refused without a token (a web page could send it): "
+                "use POST /reset_data",
+            )
         self.state.reset()
         return PlainTextResponse("Reset successful")
 
     def table(self) -> list[Route]:
-        endpoints: list[tuple[str, Handler, list[str]]] = [
-            ("/", self.root, ["GET"]),
-            ("/register", self.register, ["POST"]),
-            ("/register-env", self.register_env, ["POST"]),
-            ("/disconnect-env", self.disconnect_env, ["POST"]),
-            ("/wandb_info", self.wandb_info, ["GET"]),
-            ("/info", self.info, ["GET"]),
-            ("/status", self.status, ["GET"]),
-            ("/status-env", self.status_env, ["GET"]),
-            ("/scored_data", self.scored_data, ["POST"]),
-            ("/scored_data_list", self.scored_data_list, ["POST"]),
-            ("/batch", self.batch, ["GET"]),
-            ("/latest_example", self.latest_example, ["GET"]),
-            ("/reset_data", self.reset_data, ["GET", "POST"]),
+        handlers = [getattr(self, name) for name in dir(type(self))]
+        return [
+            Route(h.route[0], _guard(h), methods=h.route[1])
+            for h in handlers
+            if hasattr(h, "route")
         ]
-        return [Route(path, _guard(fn), methods=methods) for path, fn, methods in endpoints]
 
 
 def create_app(state: ApiState) -> Starlette:
     """The ASGI application serving `state`."""
-    return Starlette(
-        routes=_Routes(state).table(),
-        middleware=[
-            Middleware(GzipRequestMiddleware, max_bytes=state.settings.max_request_bytes),
-            Middleware(GZipMiddleware, minimum_size=GZIP_MIN_RESPONSE_BYTES),
-            Middleware(
-                CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]
-            ),
-        ],
-    )
+    settings = state.settings
+    origins = frozenset(settings.cors_origins)
+    middleware = [
+        Middleware(
+            AccessGuard,
+            token=settings.token.get_secret_value() if settings.token else None,
+            origins=origins,
+        ),
+        Middleware(RequestBody, max_bytes=settings.max_request_bytes),
+        Middleware(GZipMiddleware, minimum_size=GZIP_MIN_RESPONSE_BYTES),
+    ]
+    if origins:  # preflights from the listed pages are answered before the guard
+        cors = Middleware(
+            CORSMiddleware,
+            allow_origins=sorted(origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
+        )
+        middleware.insert(0, cors)
+    return Starlette(routes=_Routes(state).table(), middleware=middleware)
 
 
 # --- running it --------------------------------------------------------------------------
@@ -328,6 +567,13 @@ class ApiServer:
             sock = socket.socket(family, kind, proto)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from exc
+        if self.state.settings.token is None and not is_loopback(str(address[0])):
+            sock.close()
+            raise ConfigError(
+                f"refusing to serve {self.host} without a token: anyone who can reach it could "
+                f"wipe or poison the training data; give one (--token or {TOKEN_ENV}) or "
+                "listen on 127.0.0.1"
+            )
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)

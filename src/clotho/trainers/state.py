@@ -11,12 +11,13 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
-from clotho.trainers.batching import form_batch, scaled_minimums
+from clotho.env.scored import ScoredGroup
+from clotho.trainers.batching import form_batch, pick_exact, scaled_minimums
 from clotho.trainers.protocol import (
     WAIT_FOR_TRAINER,
     DisconnectResponse,
@@ -24,7 +25,6 @@ from clotho.trainers.protocol import (
     RegisterEnv,
     RegisterEnvResponse,
     Registration,
-    ScoredData,
     Status,
     StatusEnv,
     WandbInfo,
@@ -47,7 +47,28 @@ class ApiSettings(BaseModel):
         120.0, ge=0, description="an env silent this long is treated as gone; 0 = never"
     )
     max_request_bytes: int = Field(
-        256 << 20, ge=1, description="largest request body after gzip decompression"
+        256 << 20,
+        ge=1,
+        description="largest request body, before and after gzip decompression (else 413)",
+    )
+    token: SecretStr | None = Field(
+        None,
+        description="required as `Authorization: Bearer` (or Basic with it as password); "
+        "None: no authentication, allowed on a loopback address only",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="web origins allowed to call the API (they still need the token); "
+        "requests from any other web page are refused",
+    )
+    vocab_size: int | None = Field(
+        None, gt=0, description="token ids at or above it are refused (else: the trainer's)"
+    )
+    min_allocation_wait_s: float = Field(
+        5.0,
+        ge=0,
+        description="how long envs' min_batch_allocation may hold back a batch that the "
+        "queue could fill; then the batch goes with what those envs have queued",
     )
 
 
@@ -58,6 +79,20 @@ class Rejected(Exception):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
+
+
+@dataclass(frozen=True)
+class QueuedGroup:
+    """A validated group as the queue keeps it: its wire JSON, about 10x smaller than the
+    same group as Python lists of ints, and served by `/batch` without re-encoding."""
+
+    size: int
+    env_id: int | None
+    body: bytes
+
+    @classmethod
+    def of(cls, group: ScoredGroup) -> QueuedGroup:
+        return cls(size=group.size, env_id=group.env_id, body=group.wire_json())
 
 
 @dataclass
@@ -90,10 +125,11 @@ class ApiState:
         self.trainer_registered = False
         self.started = False
         self.step = 0
-        self.queue: list[ScoredData] = []
+        self.queue: list[QueuedGroup] = []
         self.envs: list[EnvRecord] = []
-        self.latest: ScoredData | None = None
+        self.latest: QueuedGroup | None = None
         self.requesters: list[int] = []
+        self.held_since: float | None = None
         if self.settings.batch_size is not None:
             self.registration = Registration(
                 wandb_group="",
@@ -128,10 +164,21 @@ class ApiState:
         return self.requesters[-1]
 
     @property
-    def batch_size(self) -> int:
+    def vocab_size(self) -> int | None:
+        """Token ids must be below this: the server's setting, else the trainer's."""
+        if self.settings.vocab_size is not None:
+            return self.settings.vocab_size
+        return self.registration.vocab_size if self.registration else None
+
+    def require_registration(self) -> Registration:
+        """The batch shape, or a 409: nothing can be queued before a trainer registered."""
         if self.registration is None:
             raise Rejected(409, "Trainer not registered. Call /register first.")
-        return self.registration.batch_size
+        return self.registration
+
+    @property
+    def batch_size(self) -> int:
+        return self.require_registration().batch_size
 
     def info(self) -> Info:
         if self.registration is None:
@@ -151,22 +198,44 @@ class ApiState:
     def status(self) -> Status:
         return Status(current_step=self.step, queue_size=len(self.queue))
 
-    def next_batch(self) -> list[ScoredData] | None:
-        """The oldest groups making exactly one batch; `step` counts batches handed out."""
+    def next_batch(self) -> list[QueuedGroup] | None:
+        """The oldest groups making exactly one batch; `step` counts batches handed out.
+
+        Live environments' minimum allocations come first. They may hold a batch back while
+        the rest of the queue could fill it, but for `min_allocation_wait_s` at most: then
+        the batch goes with whatever those environments have queued, so a slow (or crashed,
+        not yet expired) environment with a minimum never starves the trainer.
+        """
         batch_size = self.batch_size
         self.started = True
-        minimums = {
-            env.env_id: int(batch_size * env.min_batch_allocation)
-            for env in self.envs
-            if env.min_batch_allocation is not None and self.is_live(env)
-        }
-        picked = form_batch(
-            [(group.env_id, group.size) for group in self.queue],
+        minimums = scaled_minimums(
+            {
+                env.env_id: int(batch_size * env.min_batch_allocation)
+                for env in self.envs
+                if env.min_batch_allocation is not None and self.is_live(env)
+            },
             batch_size,
-            scaled_minimums(minimums, batch_size),
         )
+        queued = [(group.env_id, group.size) for group in self.queue]
+        picked = form_batch(queued, batch_size, minimums)
+        if picked is None and pick_exact([size for _, size in queued], batch_size) is None:
+            self.held_since = None  # nothing could be served anyway: no hold is running
+        elif picked is None:
+            now = self._clock()
+            if self.held_since is None:
+                self.held_since = now
+                wait = self.settings.min_allocation_wait_s
+                log.info("a batch waits up to %.0f s for minimum allocations", wait)
+            if now - self.held_since >= self.settings.min_allocation_wait_s:
+                have: dict[int, int] = {}
+                for env_id, size in queued:
+                    if env_id in minimums:
+                        have[env_id] = have.get(env_id, 0) + size
+                partial = {env: min(m, have.get(env, 0)) for env, m in minimums.items()}
+                picked = form_batch(queued, batch_size, partial)
         if picked is None:
             return None
+        self.held_since = None
         chosen = set(picked)
         batch = [self.queue[i] for i in picked]
         self.queue = [g for i, g in enumerate(self.queue) if i not in chosen]
@@ -242,8 +311,8 @@ class ApiState:
         env = self.envs[env_id]
         batch_size = self.batch_size
         live = [e for e in self.envs if self.is_live(e)]
-        total = sum(e.max_context_len * max(0.0, e.weight) for e in live)
-        own = env.max_context_len * max(0.0, env.weight)
+        total = sum(max(0, e.max_context_len) * e.weight for e in live)
+        own = max(0, env.max_context_len) * env.weight
         share = own / total if total > 0 else (1.0 if own > 0 else 0.0)
         minimums = {
             e.env_id: int(batch_size * e.min_batch_allocation)
@@ -274,7 +343,7 @@ class ApiState:
 
     # --- data ---------------------------------------------------------------------------
 
-    def add_groups(self, groups: list[ScoredData]) -> None:
+    def add_groups(self, groups: Sequence[QueuedGroup]) -> None:
         """Queue groups, all or none: a group larger than a batch is refused, not stranded."""
         batch_size = self.batch_size
         for i, group in enumerate(groups):
