@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 from tests.test_trainers_support import free_port, make_group
@@ -13,35 +17,49 @@ from clotho.trainers.client import ApiClientConfig, AtroposClient
 from clotho.trainers.protocol import RegisterEnv
 
 
-async def test_clotho_api_serves_and_stops_on_ctrl_c() -> None:
+@asynccontextmanager
+async def clotho_api(
+    *args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "clotho",
-        "api",
-        "--port",
-        str(port),
-        "--batch-size",
-        "4",
-        "--max-token-len",
-        "512",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+        sys.executable, "-m", "clotho", "api", "--port", str(port), *args,
+        env={**{k: v for k, v in os.environ.items() if k != "CLOTHO_API_TOKEN"}, **(env or {})},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient(base_url=url) as http:
-            async with asyncio.timeout(15):
-                while True:
-                    try:
-                        info = (await http.get("/info")).json()
-                        break
-                    except httpx.TransportError:
-                        await asyncio.sleep(0.05)
+        async with httpx.AsyncClient(base_url=url) as http, asyncio.timeout(15):
+            while True:
+                try:
+                    await http.get("/")
+                    break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+        yield process, url
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def stop(process: asyncio.subprocess.Process) -> str:
+    process.send_signal(signal.SIGINT)
+    _, stderr = await asyncio.wait_for(process.communicate(), 15)
+    return stderr.decode()
+
+
+async def test_clotho_api_serves_and_stops_on_ctrl_c() -> None:
+    args = ("--batch-size", "4", "--max-token-len", "512")
+    async with clotho_api(*args, env={"CLOTHO_API_TOKEN": "given-tok-42"}) as (process, url):
+        auth = {"Authorization": "Bearer given-tok-42"}
+        async with httpx.AsyncClient(base_url=url, headers=auth) as http:
+            info = (await http.get("/info")).json()
             assert info == {"batch_size": 4, "max_token_len": 512}
             # --batch-size presets the shape: an environment registers with no trainer yet.
-            config = ApiClientConfig(url=url, heartbeat_s=0, register_timeout_s=5)
+            config = ApiClientConfig(
+                url=url, token="given-tok-42", heartbeat_s=0, register_timeout_s=5
+            )
             async with AtroposClient(config) as client:
                 reply = await client.register_env(
                     RegisterEnv(max_token_length=512, desired_name="e", weight=1, group_size=4)
@@ -50,12 +68,40 @@ async def test_clotho_api_serves_and_stops_on_ctrl_c() -> None:
                 await client.send_group(make_group(4))
             batch = (await http.get("/batch")).json()["batch"]
             assert [len(g["tokens"]) for g in batch] == [4]
-        process.send_signal(signal.SIGINT)
-        _, stderr = await asyncio.wait_for(process.communicate(), 15)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    text = stderr.decode()
+            assert (await http.get("/info", headers={"Authorization": ""})).status_code == 401
+        text = await stop(process)
     assert process.returncode == 0, text
-    assert f"listening on http://127.0.0.1:{port}" in text and "stopped" in text
+    assert f"listening on {url}" in text and "stopped" in text
+    assert "given-tok-42" not in text  # a token given is not printed
+
+
+async def test_without_a_token_clotho_api_makes_one_and_prints_it() -> None:
+    async with clotho_api() as (process, url):
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/info")).status_code == 401
+        text = await stop(process)
+    made = re.search(r"made one: (\S+)", text)
+    assert made, text
+    token = made.group(1)
+    assert f"CLOTHO_API_TOKEN={token}" in text
+    assert url.replace("://", f"://clotho:{token}@") in text  # for Atropos clients
+
+    async with clotho_api(env={"CLOTHO_API_TOKEN": token}) as (process, url):
+        async with httpx.AsyncClient(base_url=url.replace("://", f"://clotho:{token}@")) as http:
+            assert (await http.get("/info")).status_code == 200
+        await stop(process)
+
+
+async def test_no_auth_is_loopback_only_and_warns() -> None:
+    async with clotho_api("--no-auth") as (process, url):
+        async with httpx.AsyncClient(base_url=url) as http:
+            assert (await http.get("/info")).status_code == 200
+        text = await stop(process)
+    assert "warning" in text and "--no-auth" in text
+    refused = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "clotho", "api", "--no-auth", "--host", "0.0.0.0",
+        "--port", str(free_port()),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await asyncio.wait_for(refused.communicate(), 15)
+    assert refused.returncode == 2 and "without a token" in stderr.decode()
