@@ -51,13 +51,23 @@ class Malformed(Exception):
     `truncated`: the reader ran into the end of the text inside the call (inside a JSON
     string, or a value that lasts until its closing tag), so the model was cut off and the call
     spans the rest of the text. A closing marker that is merely missing is not that: the
-    scanner then ends the call where the next one starts."""
+    scanner then ends the call where the next one starts, but not before `at`, where the reader
+    stopped (what lies before it was read as this call's text: a string, say, that may quote
+    another call)."""
 
-    def __init__(self, problem: str, *, name: str | None = None, truncated: bool = False) -> None:
+    def __init__(
+        self,
+        problem: str,
+        *,
+        name: str | None = None,
+        truncated: bool = False,
+        at: int | None = None,
+    ) -> None:
         super().__init__(problem)
         self.problem = problem
         self.name = name
         self.truncated = truncated
+        self.at = at
 
 
 TRUNCATED = (
@@ -66,7 +76,8 @@ TRUNCATED = (
 
 # Names are looked up by the agent loop; here we only refuse what cannot be a name at all
 # (empty, spaces, or markup and JSON punctuation that show the format went wrong).
-_BAD_NAME = re.compile(r"""[\s<>{}\[\]"'`,;()=]""")
+# A backslash or a control character is an escape or separator that leaked into the name.
+_BAD_NAME = re.compile(r"""[\s<>{}\[\]"'`,;()=\\\x00-\x1f\x7f]""")
 
 
 def name_problem(name: Any) -> str | None:
@@ -103,15 +114,24 @@ def find_first(text: str, needles: tuple[str, ...], pos: int) -> tuple[int, str]
 
 
 def error_extent(
-    text: str, body: int, close: str, stops: tuple[str, ...], reached_end: bool = False
+    text: str,
+    body: int,
+    close: str,
+    stops: tuple[str, ...],
+    reached_end: bool = False,
+    at: int | None = None,
 ) -> tuple[int, bool]:
     """Where a malformed call whose body starts at `body` ends: after its `close` marker, or
     at the first of `stops` (the next call, the end of a section) so a missing close marker
     does not swallow what follows, or at the end of the text, in which case the call was cut
     off (second value True). When the reader already `reached_end` (inside a JSON string, say,
-    where markers mean nothing), the call runs to the end."""
+    where markers mean nothing), the call runs to the end. Markers are looked for from `at`,
+    where the reader stopped, when it is given: a marker before it was inside the call's text
+    (in a JSON string), so it neither ends this call nor starts another."""
     if reached_end:
         return len(text), True
+    if at is not None and at > body:
+        body = min(at, len(text))
     end = text.find(close, body)
     nxt, _ = find_first(text, stops, body)
     if end >= 0 and (nxt < 0 or end < nxt):

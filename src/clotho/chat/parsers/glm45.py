@@ -15,8 +15,11 @@ We differ: one parser for both spellings (newlines between the parts optional); 
 the schema strictly (`clotho.chat.parsers.schema_values`): a string parameter keeps its text
 exactly as written between the tags (not stripped), a parameter without schema stays a
 string, and a value that does not fit its type is an error for that call; a call cut off is
-an error; a bad call is reported alone; content is all text outside calls. A value ends at
-the first `</arg_value>`, so it may contain the other tags.
+an error; a bad call is reported alone; content is all text outside calls. The name ends at
+a newline or at the two characters `\\n` some GLM outputs carry instead (SGLang's reading;
+vLLM's GLM-4.7 regex keeps them in the name). Values may hold the format's own tags: a value
+ends only at an `</arg_value>` followed by `<arg_key>` or `</tool_call>`, never inside a block
+nested in the value, and a call inside a value never runs (`clotho.chat.parsers.xml_calls`).
 """
 
 from __future__ import annotations
@@ -24,19 +27,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from clotho.chat.parsers.base import (
-    Malformed,
-    ToolCallParser,
-    Turn,
-    error_extent,
-    find_first,
-    ran_out,
-    scan_blocks,
-)
-from clotho.chat.parsers.xml_args import typed_arguments
+from clotho.chat.parsers.base import Malformed, find_first, ran_out, skip_space
+from clotho.chat.parsers.xml_calls import Cursor, Function, Reading, Step, Value, XmlCallParser
 
 
-class Glm45Parser(ToolCallParser):
+class Glm45Parser(XmlCallParser):
     name = "glm45"
     START = "<tool_call>"
     END = "</tool_call>"
@@ -45,6 +40,9 @@ class Glm45Parser(ToolCallParser):
     VALUE = "<arg_value>"
     VALUE_END = "</arg_value>"
     markers = (START, END, KEY, KEY_END, VALUE, VALUE_END)
+    STRAY = (END, KEY, KEY_END, VALUE, VALUE_END)
+    VALUE_OPEN = VALUE
+    VALUE_CLOSE = VALUE_END
     NEWLINE = "\n"
     """What the model writes between the parts of a call (GLM-4.7 writes nothing)."""
     format_hint = (
@@ -53,64 +51,67 @@ class Glm45Parser(ToolCallParser):
         "values of the type the tool's schema gives (JSON for objects and arrays)."
     )
 
-    def _scan(self, text: str, turn: Turn) -> None:
-        scan_blocks(text, turn, self.START, self._call)
-
-    def _call(self, text: str, start: int, turn: Turn) -> int:
-        body = start + len(self.START)
-        try:
-            name, args, end = self._read(text, body)
-        except Malformed as e:
-            stop, cut = error_extent(text, body, self.END, (self.START,), e.truncated)
-            turn.error(text[start:stop], e.problem, e.name, truncated=cut)
-            return stop
-        turn.call(name, args, text[start:end])
-        return end
-
-    def _read(self, text: str, body: int) -> tuple[str, dict[str, Any], int]:
-        name_end, _ = find_first(text, (self.KEY, self.END), body)
-        if name_end < 0:
-            raise Malformed(
+    def _start(self, text: str, body: int) -> Step:
+        i = skip_space(text, body)
+        # The name ends at a newline, at the literal `\\n` some GLM outputs carry instead (as
+        # SGLang reads it), or at the first tag.
+        cut, _ = find_first(text, ("\n", "\\n", self.KEY, self.END), i)
+        if cut < 0:
+            return Malformed(
                 f"the tool name is not followed by {self.KEY} or {self.END}", truncated=True
             )
-        name = text[body:name_end].strip()
-        i = name_end
-        pairs: list[tuple[str, str]] = []
-        while True:
-            i = _gap(text, i)
-            if text.startswith(self.END, i):
-                i += len(self.END)
-                break
-            if not text.startswith(self.KEY, i):
-                found = text[i : i + 20]
-                raise Malformed(
-                    f"expected {self.KEY} or {self.END} but found {found!r}",
-                    name=name,
-                    truncated=ran_out(text, i, self.KEY, self.END),
-                )
-            key_end = text.find(self.KEY_END, i)
-            if key_end < 0:
-                raise Malformed(
-                    f"{self.KEY} is not closed with {self.KEY_END}", name=name, truncated=True
-                )
-            key = text[i + len(self.KEY) : key_end].strip()
-            i = _gap(text, key_end + len(self.KEY_END))
-            if not text.startswith(self.VALUE, i):
-                raise Malformed(
-                    f"argument {key!r} has no {self.VALUE}",
-                    name=name,
-                    truncated=ran_out(text, i, self.VALUE),
-                )
-            value_end = text.find(self.VALUE_END, i)
-            if value_end < 0:
-                raise Malformed(
-                    f"the value of {key!r} is not closed with {self.VALUE_END}",
-                    name=name,
-                    truncated=True,  # a value runs until its closing tag: here, the end
-                )
-            pairs.append((key, text[i + len(self.VALUE) : value_end]))
-            i = value_end + len(self.VALUE_END)
-        return name, typed_arguments(self.schemas, name, pairs), i
+        return self._advance(text, Cursor(cut, text[i:cut].strip(), body, [], []))
+
+    def _advance(self, text: str, cur: Cursor) -> Step:
+        name = cur.name
+        i = _gap(text, cur.i)
+        if text.startswith(self.END, i):
+            fn = Function(name, cur.pairs, cur.begin, i)
+            return Reading(i + len(self.END), [fn])
+        if not text.startswith(self.KEY, i):
+            found = text[i : i + 20]
+            return Malformed(
+                f"expected {self.KEY} or {self.END} but found {found!r}",
+                name=name,
+                truncated=ran_out(text, i, self.KEY, self.END),
+            )
+        key_end = text.find(self.KEY_END, i)
+        if key_end < 0:
+            return Malformed(
+                f"{self.KEY} is not closed with {self.KEY_END}", name=name, truncated=True
+            )
+        key = text[i + len(self.KEY) : key_end].strip()
+        j = _gap(text, key_end + len(self.KEY_END))
+        if not text.startswith(self.VALUE, j):
+            return Malformed(
+                f"argument {key!r} has no {self.VALUE}",
+                name=name,
+                truncated=ran_out(text, j, self.VALUE),
+            )
+        cur.i = j + len(self.VALUE)
+        return Value(cur, key)
+
+    def _ran_out(self, text: str, i: int) -> bool:
+        return ran_out(text, i, self.KEY, self.END)
+
+    def _resumes(self, text: str, after: int) -> bool:
+        k = _gap(text, after)
+        return text.startswith(self.KEY, k) or text.startswith(self.END, k)
+
+    def _opens(self, text: str, o: int, v: int, nested: int) -> bool:
+        """After `<arg_key>K</arg_key>`, itself at the start of the value, after a nested
+        `</arg_value>`, or after a `<tool_call>NAME` inside the value."""
+        k = _gap_back(text, o, v)
+        if not text.endswith(self.KEY_END, v, k):
+            return False
+        key = text.rfind(self.KEY, v, k)
+        if key < 0:
+            return False
+        k = _gap_back(text, key, v)
+        if k in (v, nested):
+            return True
+        call = text.rfind(self.START, v, k)
+        return call >= 0 and "<" not in text[call + len(self.START) : k]
 
     def render(self, calls: list[tuple[str, dict[str, Any]]], content: str | None = None) -> str:
         nl = self.NEWLINE
@@ -134,6 +135,18 @@ def _gap(text: str, i: int) -> int:
             i += 1
         elif text.startswith("\\n", i):
             i += 2
+        else:
+            break
+    return i
+
+
+def _gap_back(text: str, i: int, low: int) -> int:
+    """`_gap` backwards: the start of the whitespace and literal `\\n` ending at `i`."""
+    while i > low:
+        if text[i - 1].isspace():
+            i -= 1
+        elif text.endswith("\\n", low, i):
+            i -= 2
         else:
             break
     return i

@@ -15,9 +15,12 @@ class ArgumentsProblem(ValueError):
 
 
 class JsonProblem(ValueError):
-    def __init__(self, problem: str, truncated: bool) -> None:
+    """`at`: where the decoder stopped (the call's own text runs at least that far)."""
+
+    def __init__(self, problem: str, truncated: bool, at: int | None = None) -> None:
         super().__init__(problem)
         self.truncated = truncated
+        self.at = at
 
 
 def _refuse_constant(name: str) -> Any:
@@ -63,7 +66,7 @@ def decode_at(text: str, pos: int) -> tuple[Any, int]:
     except json.JSONDecodeError as e:
         truncated = e.msg.startswith("Unterminated string") or _cut_token(text[e.pos :], e.msg)
         raise JsonProblem(
-            f"the JSON is not valid ({e.msg} at {_where(text, pos, e.pos)})", truncated
+            f"the JSON is not valid ({e.msg} at {_where(text, pos, e.pos)})", truncated, e.pos
         ) from None
     except ValueError as e:  # NaN / Infinity
         raise JsonProblem(f"the JSON is not valid ({e})", False) from None

@@ -84,16 +84,24 @@ class MistralParser(ToolCallParser):
                     pos = self._v11(text, start, body, limit, turn)
             except (Malformed, JsonProblem) as e:
                 # Cut off: the rest of the text is this call, even [TOOL_CALLS] in its strings.
-                pos = len(text) if e.truncated else limit
+                # Otherwise it ends at the next [TOOL_CALLS] after where the reader stopped (one
+                # before that was inside this call's JSON, quoted, not a call of its own).
+                pos = len(text) if e.truncated else self._next_call(text, limit, e.at)
                 name = e.name if isinstance(e, Malformed) else None
                 turn.error(text[start:pos], str(e), name, truncated=e.truncated)
+
+    def _next_call(self, text: str, limit: int, at: int | None) -> int:
+        if at is None or at <= limit:
+            return limit
+        nxt = text.find(self.BOT, at)
+        return nxt if nxt >= 0 else len(text)
 
     def _array(self, text: str, body: int, turn: Turn) -> int:
         items, end = decode_at(text, body)
         if isinstance(items, dict):
             items = [items]
         if not isinstance(items, list):
-            raise Malformed("[TOOL_CALLS] must be followed by a JSON array of call objects")
+            raise Malformed("[TOOL_CALLS] must be followed by a JSON array of call objects", at=end)
         for item in items:
             raw = json.dumps(item, ensure_ascii=False)
             try:
@@ -138,7 +146,7 @@ class MistralParser(ToolCallParser):
         try:
             args, end = decode_at(text, i)
         except JsonProblem as e:
-            raise Malformed(str(e), name=name or None, truncated=e.truncated) from None
+            raise Malformed(str(e), name=name or None, truncated=e.truncated, at=e.at) from None
         turn.call(name, args, text[start:end], model_id)
         return end
 

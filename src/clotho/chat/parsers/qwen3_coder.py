@@ -13,11 +13,15 @@ not `true`/`false` becomes False; objects and arrays go through `json.loads` the
 We differ: values follow the schema strictly (see `clotho.chat.parsers.schema_values`): a
 string parameter keeps its text, `null` is None only where the schema allows null, and a value
 that does not fit its type is an error for that call; a parameter without schema stays a
-string. A parameter value ends at the first `</parameter>` (so it may contain `<parameter=`
-and `</function>`); a value without `</parameter>` is an error; `<function=` outside
-`<tool_call>` is content; a call cut off is an error (a complete `</function>` whose
-`</tool_call>` is missing at the very end is accepted); content is all text outside calls.
-Booleans may be written `true`/`True` (the chat template writes Python's `True`).
+string. vLLM and SGLang end a value at its first `</parameter>`, so a file holding that tag is
+cut short, and a whole `<tool_call>` block inside a value (a template, a test fixture) becomes
+calls of its own; here a value ends only at a `</parameter>` followed by the next
+`<parameter=NAME>` or `</function>`, never inside a block nested in the value, and a call inside
+a value never runs (`clotho.chat.parsers.xml_calls` has the rules). A value that no closing
+tag ends is an error; `<function=` outside `<tool_call>` is content; a call cut off is an
+error (a complete `</function>` whose `</tool_call>` is missing at the very end is accepted);
+content is all text outside calls. Booleans may be written `true`/`True` (the chat template
+writes Python's `True`).
 """
 
 from __future__ import annotations
@@ -25,19 +29,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from clotho.chat.parsers.base import (
-    Malformed,
-    ToolCallParser,
-    Turn,
-    error_extent,
-    ran_out,
-    scan_blocks,
-    skip_space,
-)
-from clotho.chat.parsers.xml_args import typed_arguments
+from clotho.chat.parsers.base import Malformed, ran_out, skip_space
+from clotho.chat.parsers.xml_calls import Cursor, Function, Reading, Step, Value, XmlCallParser
 
 
-class Qwen3CoderParser(ToolCallParser):
+class Qwen3CoderParser(XmlCallParser):
     name = "qwen3_coder"
     START = "<tool_call>"
     END = "</tool_call>"
@@ -46,77 +42,92 @@ class Qwen3CoderParser(ToolCallParser):
     PARAMETER = "<parameter="
     PARAMETER_END = "</parameter>"
     markers = (START, END, FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END)
+    STRAY = (END, FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END)
+    VALUE_OPEN = PARAMETER
+    VALUE_CLOSE = PARAMETER_END
     format_hint = (
         "Write each call as <tool_call>\n<function=TOOL_NAME>\n<parameter=PARAMETER_NAME>\n"
         "value\n</parameter>\n</function>\n</tool_call>, one <parameter> block per argument, "
         "with values of the type the tool's schema gives (JSON for objects and arrays)."
     )
 
-    def _scan(self, text: str, turn: Turn) -> None:
-        scan_blocks(text, turn, self.START, self._call)
-
-    def _call(self, text: str, start: int, turn: Turn) -> int:
-        body = start + len(self.START)
-        try:
-            functions, end = self._read(text, body)
-        except Malformed as e:
-            stop, cut = error_extent(text, body, self.END, (self.START,), e.truncated)
-            turn.error(text[start:stop], e.problem, e.name, truncated=cut)
-            return stop
-        for name, args, raw in functions:
-            turn.call(name, args, text[start:end] if len(functions) == 1 else raw)
-        return end
-
-    def _read(self, text: str, body: int) -> tuple[list[tuple[str, dict[str, Any], str]], int]:
-        functions = []
+    def _start(self, text: str, body: int) -> Step:
         i = skip_space(text, body)
         if not text.startswith(self.FUNCTION, i):
-            raise Malformed(
+            return Malformed(
                 f"{self.START} must be followed by {self.FUNCTION}TOOL_NAME>",
                 truncated=ran_out(text, i, self.FUNCTION),
             )
-        while text.startswith(self.FUNCTION, i):
-            begin = i
-            name, i = self._tag_name(text, i + len(self.FUNCTION), None)
-            pairs: list[tuple[str, str]] = []
-            while True:
-                i = skip_space(text, i)
-                if text.startswith(self.FUNCTION_END, i):
-                    i += len(self.FUNCTION_END)
-                    break
-                if not text.startswith(self.PARAMETER, i):
-                    found = text[i : i + 20]
-                    raise Malformed(
-                        f"expected {self.PARAMETER}NAME> or {self.FUNCTION_END} but found {found!r}",
-                        name=name,
-                        truncated=ran_out(text, i, self.PARAMETER, self.FUNCTION_END),
-                    )
-                param, i = self._tag_name(text, i + len(self.PARAMETER), name)
-                close = text.find(self.PARAMETER_END, i)
-                if close < 0:
-                    raise Malformed(
-                        f"parameter {param!r} is not closed with {self.PARAMETER_END}",
-                        name=name,
-                        truncated=True,  # a value runs until its closing tag: here, the end
-                    )
-                value = text[i:close]
-                if value.startswith("\n"):
-                    value = value[1:]
-                if value.endswith("\n"):
-                    value = value[:-1]
-                pairs.append((param, value))
-                i = close + len(self.PARAMETER_END)
-            functions.append((name, typed_arguments(self.schemas, name, pairs), text[begin:i]))
-            i = skip_space(text, i)
-        if text.startswith(self.END, i):
-            return functions, i + len(self.END)
-        if i == len(text):
-            return functions, i  # only </tool_call> missing at the very end
-        found = text[i : i + 20]
-        raise Malformed(
-            f"{self.FUNCTION_END} is followed by {found!r} instead of {self.END}",
-            truncated=ran_out(text, i, self.END, self.FUNCTION),
-        )
+        return self._function(text, i, [])
+
+    def _function(self, text: str, begin: int, done: list[Function]) -> Step:
+        try:
+            name, i = self._tag_name(text, begin + len(self.FUNCTION), None)
+        except Malformed as e:
+            return e
+        return self._advance(text, Cursor(i, name, begin, [], done))
+
+    def _advance(self, text: str, cur: Cursor) -> Step:
+        i = skip_space(text, cur.i)
+        if text.startswith(self.FUNCTION_END, i):
+            i += len(self.FUNCTION_END)
+            functions = [*cur.done, Function(cur.name, cur.pairs, cur.begin, i)]
+            j = skip_space(text, i)
+            if text.startswith(self.FUNCTION, j):
+                return self._function(text, j, functions)
+            if text.startswith(self.END, j):
+                return Reading(j + len(self.END), functions)
+            if j == len(text):
+                return Reading(j, functions)  # only </tool_call> missing at the very end
+            found = text[j : j + 20]
+            return Malformed(
+                f"{self.FUNCTION_END} is followed by {found!r} instead of {self.END}",
+                name=cur.name,
+                truncated=ran_out(text, j, self.END, self.FUNCTION),
+            )
+        if not text.startswith(self.PARAMETER, i):
+            found = text[i : i + 20]
+            return Malformed(
+                f"expected {self.PARAMETER}NAME> or {self.FUNCTION_END} but found {found!r}",
+                name=cur.name,
+                truncated=ran_out(text, i, self.PARAMETER, self.FUNCTION_END),
+            )
+        try:
+            param, v = self._tag_name(text, i + len(self.PARAMETER), cur.name)
+        except Malformed as e:
+            return e
+        cur.i = v
+        return Value(cur, param)
+
+    def _clean(self, value: str) -> str:
+        """One newline is removed at each end (the template writes the value on its own
+        lines)."""
+        if value.startswith("\n"):
+            value = value[1:]
+        if value.endswith("\n"):
+            value = value[:-1]
+        return value
+
+    def _ran_out(self, text: str, i: int) -> bool:
+        return ran_out(text, i, self.PARAMETER, self.FUNCTION_END)
+
+    def _resumes(self, text: str, after: int) -> bool:
+        j = skip_space(text, after)
+        return text.startswith(self.PARAMETER, j) or text.startswith(self.FUNCTION_END, j)
+
+    def _opens(self, text: str, o: int, v: int, nested: int) -> bool:
+        """At the start of the value, after a nested `</parameter>`, or after a
+        `<function=NAME>` tag inside the value; and a whole tag."""
+        gt = text.find(">", o)
+        if gt < 0 or text.find("\n", o, gt) >= 0:
+            return False
+        k = o
+        while k > v and text[k - 1].isspace():
+            k -= 1
+        if k in (v, nested):
+            return True
+        f = text.rfind(self.FUNCTION, v, k)
+        return f >= 0 and text.find(">", f, k) == k - 1 and "\n" not in text[f:k]
 
     def _tag_name(self, text: str, i: int, tool: str | None) -> tuple[str, int]:
         """The NAME of `<function=NAME>` / `<parameter=NAME>` from `i`, and the index after `>`."""

@@ -74,7 +74,7 @@ class SectionParser(ToolCallParser):
             name, args, model_id, end = self._read_call(text, body)
         except (Malformed, JsonProblem) as e:
             stops = (self.CALL_BEGIN, *self.SECTION_ENDS)
-            stop, cut = error_extent(text, body, self.CALL_END, stops, e.truncated)
+            stop, cut = error_extent(text, body, self.CALL_END, stops, e.truncated, e.at)
             name = e.name if isinstance(e, Malformed) else None
             turn.error(text[start:stop], str(e), name, truncated=cut)
             return stop
@@ -106,7 +106,7 @@ class SectionParser(ToolCallParser):
             value, end = decode_at(text, i)
         except JsonProblem as e:
             cut = e.truncated or ran_out(text, i, FENCE + "json", self.CALL_END)
-            raise Malformed(str(e), name=name, truncated=cut) from None
+            raise Malformed(str(e), name=name, truncated=cut, at=e.at) from None
         end = skip_space(text, end)
         if fenced and text.startswith(FENCE, end):
             end = skip_space(text, end + len(FENCE))
@@ -116,5 +116,6 @@ class SectionParser(ToolCallParser):
                 f"the arguments are followed by {after!r} instead of {self.CALL_END}",
                 name=name,
                 truncated=ran_out(text, end, self.CALL_END, FENCE + self.CALL_END),
+                at=end,
             )
         return value, end + len(self.CALL_END)

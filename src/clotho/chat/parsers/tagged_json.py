@@ -31,7 +31,7 @@ class TaggedJsonParser(ToolCallParser):
         try:
             obj, end = self._read(text, body)
         except (Malformed, JsonProblem) as e:
-            stop, cut = error_extent(text, body, self.END, (self.START,), e.truncated)
+            stop, cut = error_extent(text, body, self.END, (self.START,), e.truncated, e.at)
             name = e.name if isinstance(e, Malformed) else None
             turn.error(text[start:stop], str(e), name, truncated=cut)
             return stop
@@ -58,6 +58,7 @@ class TaggedJsonParser(ToolCallParser):
             raise Malformed(
                 f"the JSON object is followed by {after!r} instead of {self.END}",
                 truncated=ran_out(text, close, self.END),
+                at=close,
             )
         return obj, close + len(self.END)
 
