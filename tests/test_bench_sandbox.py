@@ -81,3 +81,34 @@ def test_slots_need_the_docker_backend() -> None:
     )  # fmt: skip
     assert proc.returncode == 2 and "--backend docker" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# 31 callers start processes without a pause while a 32nd fails.
+FAILING_CALLER = r"""
+import asyncio
+from clotho.bench.stats import throughput
+
+async def spawn() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "true", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    await proc.communicate()
+
+async def failing() -> None:
+    await asyncio.sleep(0.3)
+    raise RuntimeError("boom")
+
+asyncio.run(throughput([spawn] * 31 + [failing], 10**9))
+"""
+
+
+def test_a_failing_caller_ends_the_run_instead_of_hanging_it() -> None:
+    """The bench once hung for good after a failed baseline command: the other callers were
+    left running and cancelled by asyncio.run's shutdown together with asyncio's own
+    pipe-connecting tasks, and on Python 3.11 a process cancelled while starting then waits
+    forever for a pipe never connected (2 runs in 5 hung). Now the error ends the run."""
+    for _ in range(5):
+        proc = subprocess.run(
+            [sys.executable, "-c", FAILING_CALLER], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 1 and "RuntimeError: boom" in proc.stderr, proc.stderr

@@ -119,10 +119,9 @@ async def _cold_start(config: SandboxConfig, n: int) -> float:
     samples = []
     for _ in range(n):
         started = time.perf_counter()
-        sandbox = await open_sandbox(config)
-        _expect_hi(await sandbox.exec("echo hi"))
-        samples.append((time.perf_counter() - started) * 1000)
-        await sandbox.close()
+        async with await open_sandbox(config) as sandbox:
+            _expect_hi(await sandbox.exec("echo hi"))
+            samples.append((time.perf_counter() - started) * 1000)
     return percentile(samples, 50)
 
 
@@ -164,28 +163,51 @@ async def _reset(sandbox: Sandbox, n: int) -> float:
 
 async def _replace(config: SandboxConfig, n: int) -> float:
     samples = []
-    retired: list[asyncio.Task[None]] = []
+    retired: list[asyncio.Task[None]] = []  # closed off the critical path
     sandbox = await open_sandbox(config)
-    for _ in range(n):
-        await sandbox.exec("echo dirty > /tmp/marker")
-        started = time.perf_counter()
-        old, sandbox = sandbox, await open_sandbox(config)
-        clean = await sandbox.exec("[ ! -e /tmp/marker ]")
-        samples.append((time.perf_counter() - started) * 1000)
-        retired.append(asyncio.create_task(old.close()))  # off the critical path
-        if clean.exit_code != 0:
-            raise SandboxError("a replacement sandbox was not clean")
-    await sandbox.close()
-    await asyncio.gather(*retired)
+    try:
+        for _ in range(n):
+            await sandbox.exec("echo dirty > /tmp/marker")
+            started = time.perf_counter()
+            old, sandbox = sandbox, await open_sandbox(config)
+            clean = await sandbox.exec("[ ! -e /tmp/marker ]")
+            samples.append((time.perf_counter() - started) * 1000)
+            retired.append(asyncio.create_task(old.close()))
+            if clean.exit_code != 0:
+                raise SandboxError("a replacement sandbox was not clean")
+    finally:
+        # Awaited here, even on failure: a close left pending would be cut short by the
+        # loop's shutdown.
+        retired.append(asyncio.create_task(sandbox.close()))
+        closed = await asyncio.gather(*retired, return_exceptions=True)
+    _raise_first(closed)
     return percentile(samples, 50)
 
 
+def _raise_first(results: list[Any]) -> None:
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
+async def _close_all(sandboxes: list[Sandbox]) -> None:
+    """Close them all, concurrently, before raising the first failure."""
+    _raise_first(await asyncio.gather(*(s.close() for s in sandboxes), return_exceptions=True))
+
+
 async def _open_many(config: SandboxConfig, count: int) -> list[Sandbox]:
+    """A few at a time (32 containers at once swamp 2 cores); when one fails to open, the
+    others are waited for and closed (nothing is left running for the loop's shutdown)."""
     sandboxes: list[Sandbox] = []
-    for chunk in range(0, count, 8):  # a few at a time: 32 containers at once swamp 2 cores
-        sandboxes += await asyncio.gather(
-            *(open_sandbox(config) for _ in range(min(8, count - chunk)))
+    for chunk in range(0, count, 8):
+        opened = await asyncio.gather(
+            *(open_sandbox(config) for _ in range(min(8, count - chunk))), return_exceptions=True
         )
+        sandboxes += [s for s in opened if isinstance(s, Sandbox)]
+        if len(sandboxes) < chunk + len(opened):
+            with contextlib.suppress(Exception):
+                await _close_all(sandboxes)
+            _raise_first(opened)
     return sandboxes
 
 
@@ -216,8 +238,10 @@ async def _slot_figures(slots: int, quick: bool) -> SlotFigures:
         rate = await throughput([(lambda s=s: _ours(s)) for s in opened], 2000 if quick else 10000)
         isolation = str(getattr(opened[0], "isolation", "none"))
     finally:
-        await asyncio.gather(*(s.close() for s in opened), return_exceptions=True)
-        await host.close()
+        try:
+            await _close_all(opened)
+        finally:
+            await host.close()
     return SlotFigures(
         slots_per_container=slots,
         isolation=isolation,
@@ -243,24 +267,27 @@ async def _container_pids(docker: Any, containers: set[str]) -> list[int]:
     return pids
 
 
-async def _bash_c() -> None:
+async def _run_baseline(*argv: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        "bash", "-c", "echo hi", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    out, _ = await proc.communicate()
+    out, err = await proc.communicate()
     if out != b"hi\n":
-        raise SandboxError("baseline command misbehaved")
+        raise SandboxError(
+            f"baseline command {argv[0]} misbehaved: exit {proc.returncode}, "
+            f"stdout {out[:200]!r}, stderr {err[:500]!r}"
+        )
+
+
+async def _bash_c() -> None:
+    await _run_baseline("bash", "-c", "echo hi")
 
 
 async def _bwrap_per_call() -> None:
-    proc = await asyncio.create_subprocess_exec(
+    await _run_baseline(
         "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
         "--unshare-all", "--die-with-parent", "--new-session", "bash", "-c", "echo hi",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    out, _ = await proc.communicate()
-    if out != b"hi\n":
-        raise SandboxError("baseline command misbehaved")
 
 
 def _docker_exec(container: Any) -> Callable[[], Awaitable[None]]:
@@ -324,7 +351,7 @@ async def run_sandbox_bench(
                 warm_exec_p50_ms=b50, warm_exec_p95_ms=b95, throughput_32_per_s=brate
             )
     finally:
-        await asyncio.gather(*(s.close() for s in many), return_exceptions=True)
+        await _close_all(many)
     if backend == "local":
         progress("baselines: new bash -c per command, new bubblewrap per command")
         b50, b95 = await latency_ms(_bash_c, n_latency)

@@ -40,9 +40,16 @@ async def throughput(calls: list[Callable[[], Awaitable[object]]], total: int) -
             issued += 1
             await call()
 
-    # Warm-ups happen inside the timed window but are few (one per caller).
+    # Warm-ups happen inside the timed window but are few (one per caller). A task group, so
+    # that a failing caller stops the others here: left running, they would be cancelled by
+    # the loop's shutdown, which can hang forever on a process being started (see the test).
     started = time.perf_counter()
-    await asyncio.gather(*(worker(c) for c in calls))
+    try:
+        async with asyncio.TaskGroup() as group:
+            for call in calls:
+                group.create_task(worker(call))
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
     return (total + len(calls)) / (time.perf_counter() - started)
 
 

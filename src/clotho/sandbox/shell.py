@@ -329,6 +329,8 @@ class PersistentShell:
         return self._channel.pid
 
     async def start(self, timeout: float = 15.0) -> None:
+        """Start the shell and see it answer; on any failure (a cancelled caller too) nothing
+        is left running."""
         await self._channel.open()
         self._started = True
         try:
@@ -339,15 +341,13 @@ class PersistentShell:
                     f"printf %s {restart}; printf %s {restart} >&2; done\n".encode()
                 )
             result = await self.run("true", timeout=timeout)
+            if result.exit_code != 0:
+                raise SandboxError(result.stderr.strip())
+            await self._channel.ready()
         except SandboxError as exc:
             stderr = bytes(self._err).decode(errors="replace").strip()
             await self.close()
             raise SandboxError(f"sandbox failed to start: {stderr or exc}") from exc
-        if result.exit_code != 0:
-            await self.close()
-            raise SandboxError(f"sandbox failed to start: {result.stderr.strip()}")
-        try:
-            await self._channel.ready()
         except BaseException:
             await self.close()
             raise
