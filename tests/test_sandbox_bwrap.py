@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from tests.slow_callbacks import slow_callbacks
 
 from clotho.errors import SandboxError
 from clotho.sandbox import LocalSandboxConfig, open_sandbox, proctree
 from clotho.sandbox.bwrap import XFER_MOUNT, BwrapSandbox
 from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
+from clotho.sandbox.transfer import read_host_file
 
 pytestmark = [
     pytest.mark.bwrap,
@@ -443,3 +445,41 @@ async def test_a_failed_file_transfer_keeps_the_session_shell(sandbox: BwrapSand
     with pytest.raises(IsADirectoryError):
         await sandbox.write_file("/tmp/here", b"x")
     assert (await sandbox.exec("echo $KEPT")).stdout == "yes\n"
+
+
+async def test_big_files_move_without_blocking_the_loop(tmp_path: Path) -> None:
+    """256 MiB in and out: reading it whole on the event loop takes over 100 ms here (every
+    other rollout would wait); above 1 MiB the host side reads, writes, copies and moves in a
+    thread, and nothing else in the transfer is proportional to the size on the loop."""
+    config = LocalSandboxConfig(state_dir=str(tmp_path / "state"))
+    data = os.urandom(1 << 20) * 256
+    big = tmp_path / "big.bin"
+    big.write_bytes(data)
+    async with await open_sandbox(config) as sandbox:
+        async with slow_callbacks(0.05) as slow:
+            await sandbox.write_file("/tmp/written.bin", data)
+            back = await sandbox.read_file("/tmp/written.bin")
+            await sandbox.upload(big, "/tmp/uploaded.bin")
+            await sandbox.download("/tmp/uploaded.bin", tmp_path / "downloaded.bin")
+        assert slow == []
+        sums = await sandbox.exec("cmp /tmp/written.bin /tmp/uploaded.bin && echo same")
+    assert sums.stdout == "same\n"
+    assert back == data
+    assert (tmp_path / "downloaded.bin").read_bytes() == data
+
+
+async def test_a_planted_link_in_the_transfer_folder_is_not_followed(
+    sandbox: BwrapSandbox, tmp_path: Path
+) -> None:
+    """The sandbox can swap the file it left for the host in its transfer folder; the host
+    reads it without following a link (and a FIFO cannot block it)."""
+    secret = tmp_path / "host-secret"
+    secret.write_text("host only")
+    xfer = sandbox.state / "xfer"
+    (xfer / "link").symlink_to(secret)
+    os.mkfifo(xfer / "fifo")
+    with pytest.raises(OSError):
+        await read_host_file(xfer / "link", follow_symlinks=False)
+    with pytest.raises(OSError, match="not a regular file"):
+        await asyncio.wait_for(read_host_file(xfer / "fifo", follow_symlinks=False), 5)
+    assert await read_host_file(xfer / "link") == b"host only"  # a host path of our own

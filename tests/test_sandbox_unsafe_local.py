@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from tests.slow_callbacks import slow_callbacks
 
 from clotho.errors import SandboxError
 from clotho.sandbox import UnsafeLocalSandboxConfig, open_sandbox
@@ -140,3 +141,22 @@ async def test_close_removes_the_dir(tmp_path: Path) -> None:
     await sb.close()  # idempotent
     with pytest.raises(SandboxError):
         await sb.exec("true")
+
+
+async def test_big_files_move_without_blocking_the_loop(
+    sandbox: UnsafeLocalSandbox, tmp_path: Path
+) -> None:
+    """256 MiB in and out: whole-file reads, writes and copies of it take 100 ms and more
+    here, so above 1 MiB they happen in a thread, never on the event loop."""
+    data = os.urandom(1 << 20) * 256
+    big = tmp_path / "big.bin"
+    big.write_bytes(data)
+    async with slow_callbacks(0.05) as slow:
+        await sandbox.write_file("written.bin", data)
+        back = await sandbox.read_file("written.bin")
+        await sandbox.upload(big, "uploaded.bin")
+        await sandbox.download("uploaded.bin", tmp_path / "downloaded.bin")
+    assert slow == []
+    assert back == data
+    assert (tmp_path / "downloaded.bin").read_bytes() == data
+    assert (await sandbox.exec("cmp written.bin uploaded.bin && echo same")).stdout == "same\n"

@@ -30,6 +30,7 @@ from clotho.sandbox.transfer import (
     copy_host_file,
     move_host_path,
     read_host_file,
+    remove_host_file,
     write_host_file,
 )
 
@@ -144,7 +145,7 @@ class BwrapSandbox(ShellBackedSandbox):
             )
             return await read_host_file(host, follow_symlinks=False)
         finally:
-            host.unlink(missing_ok=True)
+            await remove_host_file(host)
 
     async def write_file(self, path: str, data: bytes) -> None:
         path = self.resolve(path)
@@ -162,7 +163,7 @@ class BwrapSandbox(ShellBackedSandbox):
                 path,
             )
         finally:
-            host.unlink(missing_ok=True)
+            await remove_host_file(host)
 
     async def upload(self, local: Path, remote: str) -> None:
         remote = self.resolve(remote)
@@ -197,7 +198,7 @@ class BwrapSandbox(ShellBackedSandbox):
             if host.is_dir():
                 await asyncio.to_thread(shutil.rmtree, host, True)
             else:
-                host.unlink(missing_ok=True)
+                await remove_host_file(host)
 
     async def _release(self) -> None:
         await asyncio.to_thread(remove_state_dir, self.state)
