@@ -6,17 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
+import os
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from tests.test_trainers_api import Rig, env, slow_and_busy
-from tests.test_trainers_support import ScriptedTrainer, check_batch, make_group
+from tests.test_trainers_support import check_batch, make_group
 
 from clotho.errors import ConfigError, TrainerError
-from clotho.trainers import server as server_module
+from clotho.trainers import parse_worker
+from clotho.trainers.protocol import OFF_LOOP_BYTES
 from clotho.trainers.server import ApiServer
 from clotho.trainers.state import ApiSettings
 
@@ -295,39 +297,72 @@ async def test_bodies_over_the_limit_are_413_before_or_while_reading(rig: Rig) -
     assert len(server.state.queue) == 1
 
 
-async def test_a_large_body_is_parsed_off_the_loop_while_others_are_served(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    server = await rig.server(batch_size=4)
-    parsing = threading.Event()
-    release = threading.Event()
-    threads: list[str] = []
-    parse = server_module.parse_groups
-
-    def slow_parse(body: bytes, **kw: Any) -> Any:
-        threads.append(threading.current_thread().name)
-        parsing.set()
-        assert release.wait(10)
-        return parse(body, **kw)
-
-    monkeypatch.setattr(server_module, "parse_groups", slow_parse)
+async def test_a_large_body_is_parsed_in_a_child_while_others_are_served(rig: Rig) -> None:
+    server = await rig.server(vocab_size=100_000)
+    trainer = await rig.trainer(server, batch_size=4)
     group = make_group(4, marker=7, completion_len=40_000)  # about 2 MB of JSON
     body = group.wire_json()
-    assert len(body) > server_module.OFF_LOOP_BYTES
-    async with httpx.AsyncClient(base_url=server.url, timeout=20) as http:
-        posting = asyncio.create_task(http.post("/scored_data", content=body))
-        assert await asyncio.to_thread(parsing.wait, 10)
-        async with httpx.AsyncClient(base_url=server.url) as other:  # served meanwhile
-            assert (await other.get("/status")).json()["queue_size"] == 0
-        release.set()
-        assert (await posting).json() == {"status": "received"}
-        assert threads and threads[0] != threading.main_thread().name
-        # Queued as its wire JSON, served back byte for byte, and gzipped off the loop.
-        assert server.state.queue[0].body == body
-        trainer = ScriptedTrainer(server.url)
+    assert len(body) > OFF_LOOP_BYTES
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        # Refusals from the child are the same 422s as from the server itself.
+        nan = json.dumps({**group.wire(), "scores": [0.375, 1, 0, 1]}).replace("0.375", "NaN")
+        response = await http.post("/scored_data", content=nan)
+        assert response.status_code == 422 and "finite number" in response.text
+        child = server.parser.pid
+        assert child is not None and child != os.getpid()
+        beyond = make_group(4, completion_len=40_000).wire()
+        beyond["tokens"][3][-1] = 100_000
+        response = await http.post("/scored_data_list", json=[beyond, beyond])
+        assert response.status_code == 422 and "(size 100000)" in response.text
+
+        os.kill(child, signal.SIGSTOP)  # the child is busy parsing for as long as it likes
         try:
-            response = await trainer.http.get("/batch", headers={"Accept-Encoding": "gzip"})
+            posting = asyncio.create_task(http.post("/scored_data", content=body))
+            await asyncio.sleep(0.3)
+            async with httpx.AsyncClient(base_url=server.url) as other:  # served meanwhile
+                for _ in range(3):
+                    assert (await other.get("/status")).json()["queue_size"] == 0
+            assert not posting.done()
         finally:
-            await trainer.aclose()
-        assert response.headers["content-encoding"] == "gzip"
-        assert response.json()["batch"][0]["tokens"] == group.tokens
+            os.kill(child, signal.SIGCONT)
+        assert (await posting).json() == {"status": "received"}
+    # Queued as its wire JSON, served back byte for byte, and gzipped off the loop.
+    assert server.state.queue[0].body == body
+    response = await trainer.http.get("/batch", headers={"Accept-Encoding": "gzip"})
+    assert response.headers["content-encoding"] == "gzip"
+    assert response.json()["batch"][0]["tokens"] == group.tokens
+    assert server.parser.pid == child  # one child, kept
+
+    await server.stop()
+    assert server.parser.pid is None
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # reaped: the pid is gone soon after
+            os.kill(child, 0)
+            await asyncio.sleep(0.05)
+
+
+async def test_a_dead_parser_child_is_a_503_and_replaced(rig: Rig) -> None:
+    server = await rig.server(batch_size=4)
+    body = make_group(4, completion_len=40_000).wire_json()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        assert (await http.post("/scored_data", content=body)).status_code == 200
+        child = server.parser.pid
+        assert child is not None
+        os.kill(child, signal.SIGKILL)  # as the kernel's OOM killer would
+        response = await http.post("/scored_data", content=body)
+        assert response.status_code == 503 and "parser process died" in response.text
+        assert (await http.post("/scored_data", content=body)).status_code == 200
+        assert server.parser.pid not in (None, child)
+    assert len(server.state.queue) == 2
+
+
+def test_parsing_with_and_without_orjson_gives_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    groups = [make_group(3, marker=1).wire(), {**make_group(2).wire(), "images": [{"a": 1}]}]
+    body = json.dumps(groups).encode()
+    fast = parse_worker.parse_groups(body, many=True, vocab_size=None)
+    monkeypatch.setattr(parse_worker, "orjson", None)
+    plain = parse_worker.parse_groups(body, many=True, vocab_size=None)
+    assert fast == plain and [g.size for g in plain] == [3, 2]
+    assert json.loads(plain[1].body)["images"] == [{"a": 1}]

@@ -57,9 +57,9 @@ Here (`AccessGuard`):
 
 **Large bodies.** Every body (and every gzip body once decompressed) above
 `max_request_bytes` is a 413, refused on its `Content-Length` before it is read when it
-says so. Bodies above 1 MiB are decompressed and validated in a worker thread, one at a
-time (so parsing N huge bodies at once cannot multiply the memory), while the event loop
-keeps serving other clients. The queue keeps each group as its JSON (`QueuedGroup`), about a
+says so. Bodies above 1 MiB are decompressed in a worker thread (zlib lets go of the GIL)
+and validated in a child process (`parse_worker.py`), one at a time (so N huge bodies at
+once cannot multiply the memory), while the event loop keeps serving other clients. The queue keeps each group as its JSON (`QueuedGroup`), about a
 tenth of the memory of Python lists, and `/batch` joins those bytes instead of re-encoding;
 large responses are gzipped in a worker thread too.
 
@@ -92,7 +92,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
@@ -103,8 +103,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from clotho.env.scored import ScoredGroup
 from clotho.errors import ConfigError
+from clotho.trainers.parse_worker import GroupParser, InvalidGroups
 from clotho.trainers.protocol import (
     EMPTY_EXAMPLE,
     NOT_REGISTERED,
@@ -124,8 +124,6 @@ TOKEN_ENV = "CLOTHO_API_TOKEN"
 """Where `clotho api` and `clotho serve` read the token when no flag gives it."""
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
-
-_GROUPS = TypeAdapter(list[ScoredGroup])
 
 # --- access ------------------------------------------------------------------------------
 
@@ -318,16 +316,6 @@ class RequestBody(_HttpMiddleware):
         await self.app(scope, replay, send)
 
 
-def parse_groups(body: bytes, *, many: bool, vocab_size: int | None) -> list[QueuedGroup]:
-    """Validate one group (or a JSON list of them) and keep each as its wire JSON."""
-    context = {"vocab_size": vocab_size}
-    if many:
-        groups = _GROUPS.validate_json(body, context=context)
-    else:
-        groups = [ScoredGroup.model_validate_json(body, context=context)]
-    return [QueuedGroup.of(group) for group in groups]
-
-
 # --- the application ---------------------------------------------------------------------
 
 
@@ -358,6 +346,8 @@ def _guard(handler: Handler) -> Handler:
             return await handler(request)
         except ValidationError as exc:
             return _invalid(exc)
+        except InvalidGroups as exc:
+            return JSONResponse({"detail": json.loads(exc.errors_json)}, 422)
         except Rejected as exc:
             return _error(exc.status_code, exc.message)
 
@@ -377,23 +367,19 @@ def endpoint(path: str, *methods: str) -> Callable[[Handler], Handler]:
 class _Routes:
     """The endpoints, bound to one `ApiState`."""
 
-    def __init__(self, state: ApiState) -> None:
+    def __init__(self, state: ApiState, parser: GroupParser) -> None:
         self.state = state
-        self._parsing = asyncio.Semaphore(1)
+        self.parser = parser
 
     async def _groups(self, request: Request, *, many: bool) -> list[QueuedGroup]:
         body = await request.body()
-        vocab_size = self.state.vocab_size
-        if len(body) <= OFF_LOOP_BYTES:
-            return parse_groups(body, many=many, vocab_size=vocab_size)
-        async with self._parsing:  # one large body in memory as Python objects at a time
-            return await asyncio.to_thread(parse_groups, body, many=many, vocab_size=vocab_size)
+        return await self.parser.parse(body, many=many, vocab_size=self.state.vocab_size)
 
     @staticmethod
     async def _json_bytes(request: Request, body: bytes) -> Response:
         """Large bodies are gzipped in a worker thread, not by the middleware on the loop."""
         if len(body) > OFF_LOOP_BYTES and "gzip" in request.headers.get("accept-encoding", ""):
-            packed = await asyncio.to_thread(gzip.compress, body, 6)
+            packed = await asyncio.to_thread(gzip.compress, body, 1)
             return Response(
                 packed,
                 media_type="application/json",
@@ -495,8 +481,9 @@ class _Routes:
         ]
 
 
-def create_app(state: ApiState) -> Starlette:
-    """The ASGI application serving `state`."""
+def create_app(state: ApiState, parser: GroupParser | None = None) -> Starlette:
+    """The ASGI application serving `state`; large bodies go to `parser`'s child process
+    (the caller closes it)."""
     settings = state.settings
     origins = frozenset(settings.cors_origins)
     middleware = [
@@ -516,7 +503,8 @@ def create_app(state: ApiState) -> Starlette:
             allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
         )
         middleware.insert(0, cors)
-    return Starlette(routes=_Routes(state).table(), middleware=middleware)
+    parser = parser or GroupParser(inline_bytes=OFF_LOOP_BYTES)
+    return Starlette(routes=_Routes(state, parser).table(), middleware=middleware)
 
 
 # --- running it --------------------------------------------------------------------------
@@ -546,6 +534,7 @@ class ApiServer:
         access_log: bool = False,
     ) -> None:
         self.state = ApiState(settings)
+        self.parser = GroupParser(inline_bytes=OFF_LOOP_BYTES)
         self.host = host
         self.port = port
         self.access_log = access_log
@@ -585,7 +574,7 @@ class ApiServer:
 
     async def start(self) -> None:
         config = uvicorn.Config(
-            create_app(self.state),
+            create_app(self.state, self.parser),
             log_config=None,
             access_log=self.access_log,
             lifespan="off",
@@ -604,9 +593,12 @@ class ApiServer:
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._server = self._task = None
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        finally:
+            self._server = self._task = None
+            await self.parser.aclose()
 
     async def wait(self) -> None:
         """Serve until cancelled."""
