@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.docker.archive import put_archive, read_file_from_archive
 from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.docker.slot_layout import SlotLayout
 from clotho.sandbox.shell import PersistentShell
@@ -81,7 +82,7 @@ class SlotSandbox(DockerSandbox):
         slot: int,
         retire: Callable[[SlotSandbox], Awaitable[None]],
     ) -> None:
-        super().__init__(config, docker, container, shell, labels, owns_client=False)
+        super().__init__(config, docker, container, shell, labels)
         self.layout = layout
         self.slot = slot
         self.workdir = layout.sandbox_workdir
@@ -168,7 +169,7 @@ class IsolatedSlotSandbox(SlotSandbox):
     async def _from_xfer(self, name: str, archive: bytes, script: str, what: str) -> None:
         """Put `archive` (a tar of the one file `name`) into the transfer folder, then run
         `script` in the slot, where "$x" is that file (removed at the end)."""
-        await self._put(self.layout.xfer_dir, archive)
+        await put_archive(self.container, self.layout.xfer_dir, archive)
         inner = shlex.quote(self.layout.resolve_xfer(name)[1])
         await self._transfer(f"x={inner}; trap 'rm -f -- \"$x\"' EXIT; {script}", what)
 
@@ -179,14 +180,7 @@ class IsolatedSlotSandbox(SlotSandbox):
         inner = shlex.quote(inner)
         try:
             await self._transfer(f"{{ {script}\n}} > {inner}", what)
-            tar = await self._get_archive(outer)
-            member = tar.getmembers()[0]
-            extracted = tar.extractfile(member) if member.isfile() else None
-            if extracted is None:
-                raise OSError(f"file transfer failed for {what}: not a regular file")
-            if member.size > BIG_FILE:
-                return await asyncio.to_thread(extracted.read)
-            return extracted.read()
+            return await read_file_from_archive(self.container, outer, what)
         finally:
             with contextlib.suppress(Exception):
                 await self._shell.run(f"rm -f -- {inner}")
