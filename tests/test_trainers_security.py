@@ -102,14 +102,8 @@ async def test_reset_data_by_get_only_with_a_token_and_authenticated(rig: Rig) -
 
 
 async def test_no_token_means_loopback_only(rig: Rig) -> None:
-    with pytest.raises(ConfigError, match="without a token"):
+    with pytest.raises(ConfigError, match="without a token"):  # refused before binding
         await rig.stack.enter_async_context(ApiServer(ApiSettings(), host="0.0.0.0", port=0))
-    tokened = await rig.stack.enter_async_context(
-        ApiServer(ApiSettings(token=TOKEN), host="0.0.0.0", port=0)
-    )
-    async with httpx.AsyncClient() as http:
-        url = f"http://127.0.0.1:{tokened.port}/info"
-        assert (await http.get(url)).status_code == 401
 
     open_server = await rig.server()
     async with httpx.AsyncClient(base_url=open_server.url) as http:
