@@ -45,10 +45,19 @@ INSTALL_HINT = (
 )
 
 
-def _ro_root_args() -> list[str]:
+# bwrap binds recursively: a host mount that comes or goes meanwhile (a container starting or
+# stopping on this host) fails the copy of the mount tree with this; trying again succeeds.
+_MOUNT_RACE = "Unable to apply mount flags"
+_START_ATTEMPTS = 3
+
+
+def ro_root_args(only: set[str] | None = None) -> list[str]:
+    """bwrap arguments binding the host's top-level entries read-only (`only` those named)."""
     args: list[str] = []
     for name in sorted(os.listdir("/")):
         if name in _SKIPPED_ROOT_ENTRIES or name.startswith("."):
+            continue
+        if only is not None and name not in only:
             continue
         path = f"/{name}"
         if os.path.islink(path):
@@ -63,7 +72,7 @@ def bwrap_argv(config: LocalSandboxConfig, root_mode: str, state: Path) -> list[
     if root_mode == "overlay":
         argv += ["--bind", str(state / "ovl" / "m"), "/"]
     else:
-        argv += _ro_root_args()
+        argv += ro_root_args()
         for path in _RO_EXTRA_DIRS:
             argv += ["--tmpfs", path]
     argv += ["--dev", "/dev", "--proc", "/proc"]
@@ -117,6 +126,18 @@ class BwrapSandbox(ShellBackedSandbox):
             raise SandboxError(INSTALL_HINT)
         labels = dict(labels or {})
         root_mode = resolve_root_mode(config)
+        for _ in range(_START_ATTEMPTS - 1):
+            try:
+                return await cls._start(config, root_mode, labels)
+            except SandboxError as exc:
+                if _MOUNT_RACE not in str(exc):
+                    raise
+        return await cls._start(config, root_mode, labels)
+
+    @classmethod
+    async def _start(
+        cls, config: LocalSandboxConfig, root_mode: str, labels: dict[str, str]
+    ) -> BwrapSandbox:
         with state_dir_until_started(config.state_dir, labels) as state:
             (state / "app").mkdir()
             (state / "xfer").mkdir()
