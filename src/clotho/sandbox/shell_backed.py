@@ -1,4 +1,5 @@
-"""What every backend driving a `PersistentShell` shares: exec and an idempotent close."""
+"""What every backend driving a `PersistentShell` shares: construction, exec, file-transfer
+scripts whose exit codes become file errors, and an idempotent close."""
 
 from __future__ import annotations
 
