@@ -23,6 +23,7 @@ from clotho.env.registry import load_environment
 from clotho.envs.terminal_test import TerminalTestEnv
 from clotho.errors import ConfigError
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
+from clotho.tools.registry import ToolsetDistribution
 from clotho.trainers.jsonl import load_groups
 
 pytestmark = requires_bwrap
@@ -107,8 +108,9 @@ async def test_a_raising_reward_function_is_a_verifier_error_not_zero() -> None:
 
 async def test_same_scores_can_be_dropped_and_tools_come_from_a_distribution() -> None:
     with ScriptedOpenAIServer(default=solver()) as server:
-        env = env_for(
-            server, group_size=2, ensure_scores_are_not_same=True, distribution="terminal_only"
+        env = env_for(server, group_size=2, ensure_scores_are_not_same=True, distribution="both")
+        env.registry.add_distribution(
+            ToolsetDistribution(name="both", probabilities={"terminal": 1.0, "file": 1.0})
         )
         try:
             await env.setup()
@@ -148,14 +150,22 @@ def test_process_writes_groups_that_load_back(tmp_path: Path) -> None:
     with ScriptedOpenAIServer(default=solver(wrong_every=3)) as server:
         proc = subprocess.run(
             [sys.executable, "-m", "clotho", "process", "terminal_test", "--out", str(out),
-             "--n-groups", "3", "--group-size", "3", "--model", "m", "--base-url", server.base_url],
+             "--n-groups", "3", "--group-size", "3", "--model", "m", "--base-url", server.base_url,
+             "--tokenizer", str(QWEN_DIR)],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
+        untrainable = subprocess.run(
+            [sys.executable, "-m", "clotho", "process", "terminal_test", "--out",
+             str(tmp_path / "none.jsonl"), "--model", "m", "--base-url", server.base_url],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert untrainable.returncode == 2 and "no tokenizer is configured" in untrainable.stderr
     assert proc.returncode == 0, proc.stderr
     groups = [ScoredGroup.model_validate(line.model_dump()) for line in load_groups(out)]
     assert len(groups) == 3
     for group in groups:
-        assert len(group.scores) == len(group.messages or []) == 3
+        assert len(group.scores) == len(group.messages or []) == len(group.tokens) == 3
+        assert all(len(tokens) > 50 for tokens in group.tokens)
     assert "rollout 0" in out.with_suffix(".html").read_text()
 
 

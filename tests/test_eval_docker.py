@@ -144,7 +144,9 @@ def test_bundled_tasks_in_docker(examples_dir: Path, out: Path, agent: str) -> N
     assert run_containers(out) == []
 
 
-def test_failing_image_build_is_an_infra_error(make_task, tmp_path: Path, out: Path) -> None:
+def test_failing_image_build_is_a_task_error_not_retried(
+    make_task, tmp_path: Path, out: Path
+) -> None:
     make_task("good-1")
     make_task("good-2")
     token = secrets.token_hex(4)
@@ -170,13 +172,17 @@ def test_failing_image_build_is_an_infra_error(make_task, tmp_path: Path, out: P
     assert by_task["good-1"]["passed"] is True and by_task["good-2"]["passed"] is True
     broken = by_task["broken-env"]
     assert broken["passed"] is False and broken["reward"] is None
-    assert broken["error"]["kind"] == "infra"
+    assert broken["error"]["kind"] == "task"
     assert "environment" in broken["error"]["message"]
     assert "non-zero code: 3" in broken["error"]["message"]
     assert f"about-to-fail-{token}" in broken["error"]["message"]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["pass_rate"] == 1.0 and metrics["errors"] == {"infra": 1}
+    assert metrics["pass_rate"] == 1.0 and metrics["errors"] == {"task": 1}
     assert run_containers(out) == []
+    # --resume does not build it again: a broken Dockerfile stays broken
+    again = clotho("eval", "--out", str(out), "--resume")
+    assert again.returncode == 0, again.stderr
+    assert len(results(out)) == 3
 
 
 # --- interrupted runs ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ def _debug_run(coro: Coroutine[Any, Any, Any]) -> Any:
         return runner.run(coro)
 
 
+def _slow_callbacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "asyncio" and "took" in r.message]
+
+
 def _eval_without_slow_callbacks(
     args: list[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -33,8 +38,17 @@ def _eval_without_slow_callbacks(
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         result = CliRunner().invoke(app, ["eval", *args])
     assert result.exit_code == 0, result.output
-    slow = [r.getMessage() for r in caplog.records if r.name == "asyncio" and "took" in r.message]
+    slow = _slow_callbacks(caplog)
     assert slow == [], "callbacks blocked the event loop:\n" + "\n".join(slow)
+
+
+def test_the_check_sees_a_callback_that_blocks(caplog: pytest.LogCaptureFixture) -> None:
+    async def blocks() -> None:
+        time.sleep(2 * SLOW_S)  # noqa: ASYNC251 - the blocking call the check must see
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        _debug_run(blocks())
+    assert len(_slow_callbacks(caplog)) == 1
 
 
 @requires_bwrap

@@ -31,8 +31,8 @@ from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_rol
 from clotho.sandbox import Sandbox, SandboxConfig
 from clotho.sandbox.pool import SlotPool
 from clotho.tools.builtin import default_registry
-from clotho.tools.registry import Tool
-from clotho.tools.toolsets import ToolRegistry
+from clotho.tools.registry import ToolRegistry
+from clotho.tools.tool import Tool
 
 if TYPE_CHECKING:
     from clotho.env.evaluation import EvalSample
@@ -61,6 +61,7 @@ class Environment(abc.ABC, Generic[Item]):
         self.rng = random.Random(config.seed)
         self.stats = GroupStats()
         self._tokenizer: Any = None
+        self._loading = asyncio.Lock()  # concurrent first rollouts load the model once
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -137,8 +138,9 @@ class Environment(abc.ABC, Generic[Item]):
         return self.pool
 
     async def _require_model(self) -> Model:
-        if self.model is None:  # built from the config; no endpoint: the embedded model
-            self.model = await build_model(self.config.model or ModelConfig())
+        async with self._loading:
+            if self.model is None:  # built from the config; no endpoint: the embedded model
+                self.model = await build_model(self.config.model or ModelConfig())
         return self.model
 
     def agent(self, tools: Sequence[Tool]) -> LLMAgent:

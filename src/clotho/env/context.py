@@ -8,9 +8,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from clotho.errors import describe_validation_error
 from clotho.sandbox.base import ExecResult, Sandbox
-from clotho.tools.registry import Tool, describe_validation_error
 from clotho.tools.runtime import ToolRuntime
+from clotho.tools.tool import Tool
 
 
 class ToolContext:

@@ -8,9 +8,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field, field_validator
 
-# transitional: describe_validation_error is imported from here by env/context.py until it
-# imports it from clotho.errors.
-from clotho.errors import ConfigError, describe_validation_error  # noqa: F401
+from clotho.errors import ConfigError
 from clotho.tools.tool import Tool
 
 
