@@ -121,7 +121,7 @@ GZIP_MIN_RESPONSE_BYTES = 1000
 """Responses this large are gzipped for clients that accept it (upstream's threshold)."""
 
 TOKEN_ENV = "CLOTHO_API_TOKEN"
-"""Where `clotho api` and `clotho serve` read the token when no flag gives it."""
+"""Where `clotho api` reads the token when no flag gives it (clients: `ApiClientConfig.token`)."""
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
