@@ -120,6 +120,14 @@ def serve_command(
     concurrency: Annotated[int, typer.Option(min=1, help="groups in flight at once")] = 2,
     weight: Annotated[float, typer.Option(help="this environment's share of batches")] = 1.0,
     max_token_length: Annotated[int, typer.Option(help="reported to the trainer")] = 32768,
+    api_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CLOTHO_API_TOKEN",
+            show_envvar=True,
+            help="the trajectory API's token (the one `clotho api` printed or was given)",
+        ),
+    ] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     model: ModelOpt = None,
@@ -133,7 +141,7 @@ def serve_command(
 
     async def main() -> None:
         environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
-        client = AtroposClient(ApiClientConfig(url=api_url))
+        client = AtroposClient(ApiClientConfig(url=api_url, token=api_token))
         try:
             reason = environment.untrainable()
             if reason is not None:  # before registering: a trainer never sees this environment
