@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-ErrorKind = Literal["infra", "agent", "verifier", "task", "config"]
+ErrorKind = Literal["infra", "agent", "verifier", "task", "config", "limit", "tamper"]
 
 # Kinds that say nothing about the agent: kept out of pass rates (their denominator).
 UNSCORED_KINDS: frozenset[str] = frozenset({"infra", "task", "config"})
@@ -92,6 +92,18 @@ class AgentLimit(ClothoError):
     """The agent ran out of a budget (turns, time, tokens)."""
 
     kind: ErrorKind = "agent"
+
+
+class LimitExceeded(ClothoError):
+    """The sandbox hit one of its limits (memory, processes, disk): the agent's failure."""
+
+    kind: ErrorKind = "limit"
+
+
+class TamperError(ClothoError):
+    """Programs the verifier runs were replaced or shadowed during the agent's run."""
+
+    kind: ErrorKind = "tamper"
 
 
 class VerifierError(ClothoError):

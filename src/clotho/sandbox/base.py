@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import posixpath
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypedDict
 
@@ -73,6 +74,40 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Kill every process of the sandbox and remove its host-side state. Idempotent."""
+
+    # -- verification: nothing the agent controls -----------------------------------------
+
+    async def exec_fresh(
+        self,
+        cmd: str,
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> ExecResult:
+        """Run `cmd` with `bash --noprofile --norc -c` in a new process that shares nothing with
+        the agent's session: started from outside the sandbox (not through its shell), with a
+        clean environment (the sandbox's base environment plus `env`; no BASH_ENV, functions,
+        aliases or traps of the agent), as the sandbox's root, on the sandbox's file system.
+        Verification runs this way after `stop_agent`. Each output stream is cut at
+        `max_output_bytes`, so the harness's memory stays bounded whatever is printed."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run fresh processes")
+
+    async def stop_agent(self) -> None:
+        """Stop every process the agent (or code it left) could be running, so nothing keeps
+        acting while the task is verified; call it again to end what verification started.
+        Afterwards only `exec_fresh` and `digests` may be used, and the pool destroys the
+        sandbox on release. Idempotent."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stop the agent")
+
+    async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
+        """The sha256 of each path as the sandbox sees it, computed without running anything
+        inside the sandbox (from the host or the container engine); a symlink's digest is that
+        of its target text, prefixed `link:`; None where nothing exists. Detects replaced
+        programs (`python3`, `bash`) between the agent's start and the tests."""
+        raise NotImplementedError(f"{type(self).__name__} cannot take digests")
 
     def resolve(self, path: str) -> str:
         """Absolute sandbox path for `path`, relative ones taken from the workdir."""
