@@ -147,15 +147,20 @@ async def test_big_files_move_without_blocking_the_loop(
     sandbox: UnsafeLocalSandbox, tmp_path: Path
 ) -> None:
     """256 MiB in and out: whole-file reads, writes and copies of it take 100 ms and more
-    here, so above 1 MiB they happen in a thread, never on the event loop."""
+    here, so above 1 MiB they happen in a thread, never on the event loop. (A loaded machine
+    can stall any step now and then: a blocking step is slow every time, so up to 3 tries.)"""
     data = os.urandom(1 << 20) * 256
     big = tmp_path / "big.bin"
     big.write_bytes(data)
-    async with slow_callbacks(0.05) as slow:
-        await sandbox.write_file("written.bin", data)
-        back = await sandbox.read_file("written.bin")
-        await sandbox.upload(big, "uploaded.bin")
-        await sandbox.download("uploaded.bin", tmp_path / "downloaded.bin")
+    for _ in range(3):
+        (tmp_path / "downloaded.bin").unlink(missing_ok=True)
+        async with slow_callbacks(0.05) as slow:
+            await sandbox.write_file("written.bin", data)
+            back = await sandbox.read_file("written.bin")
+            await sandbox.upload(big, "uploaded.bin")
+            await sandbox.download("uploaded.bin", tmp_path / "downloaded.bin")
+        if not slow:
+            break
     assert slow == []
     assert back == data
     assert (tmp_path / "downloaded.bin").read_bytes() == data
