@@ -52,6 +52,8 @@ def _parent_map(
             continue
         # comm may contain spaces and parentheses: the fields after the last ')' are safe.
         fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields[0] == b"Z":  # dead already (its children went to a reaper): nothing to kill
+            continue
         if since_ticks is not None and _is_old(int(entry), int(fields[19]), since_ticks, after_pid):
             children[-int(fields[1])].append(int(entry))  # old: kept out of the walk below
             continue

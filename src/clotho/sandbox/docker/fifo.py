@@ -78,6 +78,13 @@ def _unread(transport: asyncio.BaseTransport) -> int:
         return 0
 
 
+def _shell_under_init(pid: int) -> int:
+    if proctree.comm(pid) in ("bash", "sh", "dash"):
+        return pid
+    kids = proctree.children(pid)
+    return kids[0] if kids else pid
+
+
 class DockerFifoChannel(ShellChannel):
     def __init__(
         self,
@@ -190,10 +197,9 @@ class DockerFifoChannel(ShellChannel):
         pid = int((info.get("State") or {}).get("Pid") or 0)
         if pid <= 0:
             raise SandboxError("the container's shell is not running")
-        # With docker-init as pid 1 the shell is its only child.
-        if proctree.comm(pid) not in ("bash", "sh", "dash"):
-            kids = proctree.children(pid)
-            pid = kids[0] if kids else pid
+        # With docker-init as pid 1 the shell is its only child (found in a thread: a walk of
+        # /proc grows with the host's process count).
+        pid = await asyncio.to_thread(_shell_under_init, pid)
         self._shell_pid = pid
         self._watchdog = asyncio.create_task(self._watch(pid))
 
