@@ -13,6 +13,13 @@ from hypothesis import strategies as st
 from clotho.chat.parsers import get_parser, list_parsers
 
 XML_CLOSERS = {"qwen3_coder": "</parameter>", "glm45": "</arg_value>", "glm47": "</arg_value>"}
+# Per XML format: tags that may open a block nested in a value, a lone opening tag, and a lone
+# closing sequence (a value's own closing tags, as a template would hold them).
+XML_OPENERS = {
+    "qwen3_coder": (("<parameter=", "<function="), "<parameter=q>", "\n</function>\n</tool_call>"),
+    "glm45": (("<arg_value>",), "<arg_value>", "\n</tool_call>"),
+    "glm47": (("<arg_value>",), "<arg_value>", "</tool_call>"),
+}
 JSON_FORMATS = [f for f in list_parsers() if f not in XML_CLOSERS]
 ALL_MARKERS = sorted({m for f in list_parsers() for m in get_parser(f).markers})
 
@@ -54,14 +61,38 @@ def content_for(fmt: str) -> st.SearchStrategy[str | None]:
     return st.none() | TEXT.filter(prose)
 
 
+def plain_text(fmt: str) -> st.SearchStrategy[str]:
+    """Text with no tag that could end a value or open a block nested in it (other formats'
+    markers, and this format's other tags, included)."""
+    closer, (openers, _, _) = XML_CLOSERS[fmt], XML_OPENERS[fmt]
+    return TEXT.filter(lambda s: closer not in s and not any(o in s for o in openers))
+
+
+def xml_string(fmt: str, *, tail: bool = False) -> st.SearchStrategy[str]:
+    """String values holding the format's own tags where it can tell them from structure:
+    whole calls of the format (a template, a fixture), a closing tag followed by text, and a
+    lone opening tag inside text. With `tail`, also the value's own closing sequence: the
+    reading that keeps the value whole is then the one leaving no stray tags in the prose,
+    but only in a turn of one call (in a later call, the same text could as well end it; and
+    cut right after it, the text is a finished call)."""
+    parser, plain = get_parser(fmt), plain_text(fmt)
+    closer, (_, opener, closing) = XML_CLOSERS[fmt], XML_OPENERS[fmt]
+    block = st.tuples(NAMES, NAMES, plain).map(lambda t: parser.render([(t[0], {t[1]: t[2]})]))
+    pieces = [plain, block, st.just(closer + "x"), st.just("x" + opener)]
+    if tail:
+        pieces.append(st.just(closer + closing))
+    return st.lists(st.one_of(*pieces), max_size=5).map("".join)
+
+
 @st.composite
-def typed_turn(draw: st.DrawFn, fmt: str) -> tuple[list[dict[str, Any]], list[tuple[str, dict]]]:
+def typed_turn(
+    draw: st.DrawFn, fmt: str, strings: st.SearchStrategy[str] | None = None
+) -> tuple[list[dict[str, Any]], list[tuple[str, dict]]]:
     """Tools with typed parameters, and calls whose values fit them (what XML can carry:
-    strings without the value's closing tag, JSON for the rest)."""
-    closer = XML_CLOSERS[fmt]
-    text = TEXT.filter(lambda s: closer not in s)
+    `strings`, by default text without the format's value tags, and JSON for the rest)."""
+    text = plain_text(fmt)
     values = {
-        "string": text,
+        "string": text if strings is None else strings,
         "integer": st.integers(),
         "number": FLOATS,
         "boolean": st.booleans(),
@@ -117,6 +148,35 @@ def test_json_formats_round_trip(fmt: str, data: st.DataObject, calls: list) -> 
 def test_xml_formats_round_trip_with_their_schema(fmt: str, data: st.DataObject) -> None:
     tools, calls = data.draw(typed_turn(fmt))
     check_round_trip(fmt, tools, calls, data.draw(content_for(fmt)))
+
+
+@pytest.mark.parametrize("fmt", sorted(XML_CLOSERS))
+@SETTINGS
+@given(data=st.data())
+def test_xml_values_holding_the_formats_own_tags_round_trip(fmt: str, data: st.DataObject) -> None:
+    """A value may hold whole calls of its format, and its tags where the structure does not
+    resume after them: it is read back whole, and nothing inside it becomes a call."""
+    tail = data.draw(st.booleans())
+    tools, calls = data.draw(typed_turn(fmt, xml_string(fmt, tail=tail)))
+    check_round_trip(fmt, tools, calls[:1] if tail else calls, data.draw(content_for(fmt)))
+
+
+@pytest.mark.parametrize("fmt", sorted(XML_CLOSERS))
+@SETTINGS
+@given(data=st.data())
+def test_a_cut_turn_with_tags_in_its_values_never_yields_a_call_the_model_did_not_write(
+    fmt: str, data: st.DataObject
+) -> None:
+    """Cut anywhere, even inside a value holding a whole call: only the complete calls before
+    the cut are read (a cut value's error may say what follows a closing tag in it, since the
+    text cannot tell a cut from a stray tag)."""
+    tools, calls = data.draw(typed_turn(fmt, xml_string(fmt)))
+    parser = get_parser(fmt, tools)
+    text = parser.render(calls)
+    cut = data.draw(st.integers(0, len(text)))
+    result = parser.parse(text[:cut])
+    got = [(c.name, c.arguments) for c in result.calls]
+    assert got == calls[: len(got)], text[:cut]
 
 
 @pytest.mark.parametrize("fmt", list_parsers())

@@ -94,9 +94,11 @@ class Glm45Parser(XmlCallParser):
     def _ran_out(self, text: str, i: int) -> bool:
         return ran_out(text, i, self.KEY, self.END)
 
-    def _resumes(self, text: str, after: int) -> bool:
+    def _resumes(self, text: str, after: int, nested: bool = False) -> bool:
         k = _gap(text, after)
-        return text.startswith(self.KEY, k) or text.startswith(self.END, k)
+        if text.startswith(self.KEY, k) or text.startswith(self.END, k):
+            return True
+        return nested and text.startswith(self.VALUE_END, k)
 
     def _opens(self, text: str, o: int, v: int, nested: int) -> bool:
         """After `<arg_key>K</arg_key>`, itself at the start of the value, after a nested

@@ -111,9 +111,11 @@ class Qwen3CoderParser(XmlCallParser):
     def _ran_out(self, text: str, i: int) -> bool:
         return ran_out(text, i, self.PARAMETER, self.FUNCTION_END)
 
-    def _resumes(self, text: str, after: int) -> bool:
+    def _resumes(self, text: str, after: int, nested: bool = False) -> bool:
         j = skip_space(text, after)
-        return text.startswith(self.PARAMETER, j) or text.startswith(self.FUNCTION_END, j)
+        if text.startswith(self.PARAMETER, j) or text.startswith(self.FUNCTION_END, j):
+            return True
+        return nested and text.startswith(self.PARAMETER_END, j)
 
     def _opens(self, text: str, o: int, v: int, nested: int) -> bool:
         """At the start of the value, after a nested `</parameter>`, or after a

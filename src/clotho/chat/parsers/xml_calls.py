@@ -109,8 +109,9 @@ class XmlCallParser(ToolCallParser):
     VALUE_CLOSE: ClassVar[str]
 
     @abstractmethod
-    def _resumes(self, text: str, after: int) -> bool:
-        """The format's structure resumes at `after` (the end of a VALUE_CLOSE)."""
+    def _resumes(self, text: str, after: int, nested: bool = False) -> bool:
+        """The format's structure resumes at `after` (the end of a VALUE_CLOSE); in a block
+        `nested` in a value, the enclosing value may also end there."""
 
     @abstractmethod
     def _opens(self, text: str, o: int, v: int, nested: int) -> bool:
@@ -121,7 +122,8 @@ class XmlCallParser(ToolCallParser):
 
     def _value_closes(self, text: str, v: int, walk: Walk, stray: list[int]) -> Iterator[int]:
         """Where a value starting at `v` may end, in order: each VALUE_CLOSE not inside a
-        nested block (opened by a VALUE_OPEN where `_opens`) after which `_resumes`. The first
+        nested block (opened by a VALUE_OPEN where `_opens`, and closed, like any value, only
+        where the structure resumes) after which `_resumes`. The first
         VALUE_CLOSE at depth 0 that the structure does not follow goes to `stray` (for the
         error when nothing fits)."""
         closer, opener = self.VALUE_CLOSE, self.VALUE_OPEN
@@ -139,8 +141,9 @@ class XmlCallParser(ToolCallParser):
                 o = text.find(opener, o + len(opener), c)
             after = c + len(closer)
             if depth > 0:
-                depth -= 1
-                nested = after
+                if self._resumes(text, after, nested=True):  # else: text of the nested value
+                    depth -= 1
+                    nested = after
             elif self._resumes(text, after):
                 walk.budget[0] -= 1
                 yield c
@@ -215,6 +218,7 @@ class XmlCallParser(ToolCallParser):
             "argument or the end of the call",
             name=name,
             truncated=self._ran_out(text, after),
+            at=stray[0],
         )
 
     @abstractmethod
@@ -285,8 +289,11 @@ class _Search:
         if problem.truncated:
             yield _Option(len(text), None, problem, True)
             return
-        stop, cut = error_extent(text, body, p.END, (p.START,))
-        yield _Option(stop, None, problem, cut)
+        if problem.at is None:
+            stop, cut = error_extent(text, body, p.END, (p.START,))
+            yield _Option(stop, None, problem, cut)
+        else:  # a value opened at `at` has no end: a <tool_call> after it may be its text
+            stop = problem.at
         for _ in range(_EXTENTS):
             close = text.find(p.END, stop)
             if close < 0:
