@@ -91,7 +91,7 @@ def _raising_prompt() -> str:
         ({"prepare": _raise(RuntimeError("setup bug"))}, None, "task", "setup"),
         ({"instruction": _raising_prompt}, None, "task", "setup"),
         ({}, RuntimeError("agent bug"), "infra", "agent"),
-        ({}, SandboxError("shell died"), "infra", "agent"),
+        ({}, SandboxError("shell died"), "agent", "agent"),
         ({"verify": _raise(ValueError("reward bug"))}, None, "verifier", "verify"),
         ({"prepare": _raise(SandboxError("upload failed"))}, None, "infra", "setup"),
     ],

@@ -120,3 +120,28 @@ async def test_environment_files_become_the_workspace(make_task) -> None:
         outcome = await run_trial(task, NopAgent(), LocalSandboxConfig(), pool)
     assert outcome.error is None
     assert outcome.reward == 1.0
+
+
+@pytest.mark.parametrize(
+    "text", ["1" * 5000, '{"reward": ' + "1" * 5000 + "}", "[" * 200_000 + "]" * 200_000]
+)
+def test_huge_or_deep_rewards_are_verifier_errors(text: str) -> None:
+    with pytest.raises(VerifierError):
+        parse_reward_json(text)
+
+
+@requires_bwrap
+@pytest.mark.parametrize(("extra", "ok"), [("", False), ("reward_range = [0, 10]\n", True)])
+async def test_a_reward_outside_the_tasks_range_is_a_verifier_error(make_task, extra, ok) -> None:
+    toml = f"[verifier]\ntimeout_sec = 30.0\n{extra}" if extra else ""
+    path = make_task(test_sh="mkdir -p /logs/verifier; echo 2 > /logs/verifier/reward.txt\n")
+    if toml:  # the factory writes a [verifier] table already: replace it
+        text = (path / "task.toml").read_text().replace("[verifier]\ntimeout_sec = 30.0\n", toml)
+        (path / "task.toml").write_text(text)
+    task = load_task(path)
+    async with await open_sandbox(LocalSandboxConfig()) as sandbox:
+        if ok:
+            assert (await run_verifier(task, sandbox)).reward == 2.0
+        else:
+            with pytest.raises(VerifierError, match="outside the task's reward range"):
+                await run_verifier(task, sandbox)

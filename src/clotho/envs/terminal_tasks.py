@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from typing import ClassVar
+from weakref import WeakKeyDictionary
 
 from pydantic import Field
 
@@ -18,7 +19,7 @@ from clotho.rollout import VerifierOutcome
 from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.tasks.environment import environment_spec, upload_workspace
 from clotho.tasks.harbor import Task, discover_tasks
-from clotho.tasks.verify import run_verifier
+from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
 
 BUNDLED = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 
@@ -44,6 +45,8 @@ class TerminalTasksEnv(Environment[Task]):
         # rollout needs it; the backend decides what that takes.
         pool = self._require_pool()
         self._prepared: dict[str, PreparedEnvironment] = {}
+        # Per sandbox, taken before its agent started; gone with the sandbox.
+        self._baselines: WeakKeyDictionary[Sandbox, ProgramDigests] = WeakKeyDictionary()
         for task in {t.name: t for t in [*self.tasks, *self.eval_tasks]}.values():
             self._prepared[task.name] = await pool.prepare(
                 self.config.sandbox, environment_spec(task)
@@ -74,9 +77,10 @@ class TerminalTasksEnv(Environment[Task]):
     async def setup_workspace(self, item: Task, sandbox: Sandbox) -> None:
         if not self._prepared[item.name].workspace_in_image:
             await upload_workspace(item, sandbox)
+        self._baselines[sandbox] = await program_digests(item, sandbox)
 
     async def verify(self, item: Task, result: AgentResult, sandbox: Sandbox) -> VerifierOutcome:
-        return await run_verifier(item, sandbox)
+        return await run_verifier(item, sandbox, self._baselines.pop(sandbox, None))
 
     async def evaluate(self) -> list[EvalSample]:
         tools = self.resolve_tools()

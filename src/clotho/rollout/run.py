@@ -4,6 +4,12 @@ A failure's kind follows the phase it happened in unless the error is typed: an 
 exception while acquiring or running the agent is an internal (infra) error, while preparing
 the workspace or the prompt it is the task's (the item could not be set up), and while
 verifying it is the verifier's (a reward function that raises is never a reward of 0).
+
+Once the agent has started, whatever happens in the sandbox is the agent's doing unless the
+harness proves otherwise: a sandbox that breaks then (its shell killed or stopped, its
+container gone) is a failed attempt of kind `agent`, unless its backend itself is down.
+Infra errors are retried and kept out of pass rates, so an agent must not be able to turn
+its failure into one.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from pathlib import Path
 
 from clotho.agent.base import Agent, AgentContext
 from clotho.agent.result import AgentResult
-from clotho.errors import ClothoError, ErrorInfo, ErrorKind
+from clotho.errors import ClothoError, ErrorInfo, ErrorKind, SandboxError
 from clotho.rollout.outcome import Phase, RolloutOutcome, VerifierOutcome
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import SandboxConfig
@@ -73,6 +79,8 @@ async def run_rollout(spec: RolloutSpec, pool: SlotPool) -> RolloutOutcome:
                 kind="agent",
                 message=f"wall-clock limit of {spec.timeout_s:g} s reached during {outcome.phase}",
             )
+    except SandboxError as exc:
+        outcome.error = await _sandbox_error(exc, outcome.phase, spec, pool)
     except Exception as exc:
         outcome.error = _error(exc, outcome.phase)
     if outcome.verifier is not None and outcome.error is None:
@@ -81,6 +89,18 @@ async def run_rollout(spec: RolloutSpec, pool: SlotPool) -> RolloutOutcome:
         outcome.passed = outcome.reward >= spec.pass_threshold
     outcome.duration_s = time.perf_counter() - started
     return outcome
+
+
+async def _sandbox_error(
+    exc: SandboxError, phase: Phase, spec: RolloutSpec, pool: SlotPool
+) -> ErrorInfo:
+    if phase not in ("agent", "verify") or not await pool.backend_healthy(spec.sandbox):
+        return ErrorInfo.of(exc)
+    return ErrorInfo(
+        kind="agent",
+        message=f"the sandbox broke during the {phase} phase while its backend is healthy, "
+        f"so it counts as the agent's failure: {exc}",
+    )
 
 
 def _error(exc: Exception, phase: Phase) -> ErrorInfo:

@@ -95,6 +95,11 @@ class SandboxBackend(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027 (a backend holding nothing has nothing to do)
         """Release what the backend holds (clients, shared containers). Idempotent."""
 
+    async def healthy(self) -> bool:
+        """Whether the backend itself works (its daemon answers). A sandbox that broke while
+        its backend is healthy broke because of what ran in it: the agent's failure."""
+        return True
+
 
 class FolderBackend(SandboxBackend):
     """Sandboxes that are a labelled host folder plus processes (`state.py`).

@@ -123,6 +123,10 @@ class SlotPool:
             self._spawn(self._reap_orphans(backend))
         return backend
 
+    async def backend_healthy(self, config: SandboxConfig) -> bool:
+        """Whether the backend serving `config` works: what proves a failure the harness's."""
+        return await self._backend(config).healthy()
+
     async def _open(self, config: SandboxConfig, labels: dict[str, str]) -> Sandbox:
         return await self._backend(config).open(config, labels, lease_s=self.config.lease_s)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import math
 import os
 import re
 import stat
@@ -108,6 +109,18 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 class VerifierSettings(_Section):
     timeout_sec: _Seconds = 600.0
     env: dict[str, str] = Field(default_factory=dict)
+    reward_range: tuple[float, float] = Field(
+        (0.0, 1.0),
+        description="a reward outside [low, high] is a verifier error (a 2 must not pass)",
+    )
+
+    @field_validator("reward_range")
+    @classmethod
+    def _range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+            raise ValueError(f"must be two finite numbers, low <= high, got {list(value)}")
+        return value
 
     @field_validator("env")
     @classmethod

@@ -9,7 +9,11 @@ from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.environment import environment_spec, upload_workspace
 from clotho.tasks.harbor import Task
-from clotho.tasks.verify import run_verifier
+from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
+
+
+# Beyond the agent's and the verifier's own limits: sandbox start, workspace, image facts.
+SETUP_MARGIN_S = 300.0
 
 
 def trial_spec(
@@ -23,12 +27,15 @@ def trial_spec(
 ) -> RolloutSpec:
     """The rollout of `agent` on `task` in a sandbox the backend prepared for it."""
 
+    baseline: list[ProgramDigests] = []  # taken in the sandbox before the agent starts
+
     async def prepare(sandbox: Sandbox) -> None:
         if not prepared.workspace_in_image:
             await upload_workspace(task, sandbox)
+        baseline.append(await program_digests(task, sandbox))
 
     async def verify(sandbox: Sandbox, result: AgentResult) -> VerifierOutcome:
-        return await run_verifier(task, sandbox)
+        return await run_verifier(task, sandbox, baseline[-1])
 
     return RolloutSpec(
         sandbox=prepared.config,
@@ -37,11 +44,16 @@ def trial_spec(
         prepare=prepare,
         verify=verify,
         labels={**(labels or {}), "clotho.task": task.name},
-        timeout_s=timeout_s,
+        timeout_s=timeout_s if timeout_s is not None else default_timeout_s(task),
         agent_time_limit_s=task.config.agent.timeout_sec,
         solution_dir=task.solution_dir if task.solution_dir.is_dir() else None,
         pass_threshold=pass_threshold,
     )
+
+
+def default_timeout_s(task: Task) -> float:
+    """Every trial has a wall-clock limit: the task's agent and verifier limits, plus setup."""
+    return task.config.agent.timeout_sec + task.config.verifier.timeout_sec + SETUP_MARGIN_S
 
 
 async def run_trial(

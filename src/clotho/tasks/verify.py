@@ -1,28 +1,159 @@
-"""Run a task's tests after the agent is done, and read the reward they wrote.
+"""Run a task's tests after the agent is done, from nothing the agent controls.
 
-The tests enter the sandbox only now, the reward folder is emptied first, and a reward that
-is missing or cannot be parsed is a `VerifierError`, never 0.
+Before the agent starts, the digests of the programs the tests will run (the shells and
+interpreters, and every command `test.sh` names, in every PATH directory) are taken from
+outside the sandbox. After the agent: every process it left is stopped; a replaced or
+shadowed program is a `TamperError` (a failure of its own kind, the tests never run); the
+reward folder and `/tests` are made afresh (a link the agent planted is removed, never
+followed) and the tests unpacked into them; the tests run in a fresh process with a clean
+environment, not in the agent's shell; whatever they started is stopped; and the reward is
+read only from a regular file, with a size cap. A reward that is missing, unreadable or
+outside the task's range is a `VerifierError`, never 0.
 """
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import math
+import re
+import shlex
+import tarfile
+from dataclasses import dataclass
 
-from clotho.errors import VerifierError
+from clotho.errors import TamperError, VerifierError
 from clotho.rollout.outcome import VerifierOutcome
 from clotho.sandbox.base import Sandbox
+from clotho.sandbox.config import DEFAULT_PATH
 from clotho.tasks.harbor import Task
 
 TESTS_MOUNT = "/tests"
 LOGS_DIR = "/logs/verifier"
+REWARD_MAX_BYTES = 64 << 10
 _OUTPUT_TAIL = 8000
+_PREP_TIMEOUT_S = 120.0
+
+# What a test script runs besides the commands it names: shells, interpreters, runners.
+BASE_PROGRAMS = (
+    "bash", "sh", "env", "python3", "python", "pytest", "node", "perl", "uv", "uvx",
+    "timeout", "cat", "head", "grep", "sed", "awk", "jq", "diff", "cmp", "test", "mkdir",
+    "rm", "tar", "find", "echo", "printf", "sort", "wc", "tr", "git", "sqlite3",
+)  # fmt: skip
+# Files that change what every program does.
+ALWAYS_WATCHED = ("/etc/ld.so.preload",)
+_COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+_NOT_COMMANDS = {
+    "if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
+    "esac", "in", "function", "select", "time", "exec", "command", "sudo", "nohup", "!",
+}  # fmt: skip
+
+# Make /logs/verifier and /tests afresh: a link (or a non-folder) is removed, never
+# followed; a folder (maybe a mount point) is emptied. Then unpack the tests from stdin.
+_PREPARE = f"""set -eu
+fresh() {{
+  if [ -L "$1" ] || {{ [ -e "$1" ] && [ ! -d "$1" ]; }}; then rm -f -- "$1"; fi
+  mkdir -p -- "$1"
+  find "$1" -mindepth 1 -delete
+}}
+fresh /logs
+fresh {LOGS_DIR}
+fresh {TESTS_MOUNT}
+tar -x --no-same-owner -C {TESTS_MOUNT}
+chmod -R a+rX {TESTS_MOUNT} {LOGS_DIR}
+"""
+# Which reward file is there, and what it is: nothing is read yet.
+_INSPECT = f"""for name in reward.json reward.txt; do
+  f={LOGS_DIR}/$name
+  if [ -L "$f" ]; then echo "$name link"
+  elif [ ! -e "$f" ]; then echo "$name missing"
+  elif [ ! -f "$f" ]; then echo "$name special"
+  else echo "$name $(stat -c %s -- "$f")"; fi
+done
+"""
+
+
+@dataclass
+class ProgramDigests:
+    """The verifier's programs as they were before the agent started."""
+
+    path_dirs: list[str]
+    names: list[str]
+    digests: dict[str, str | None]
+
+    @property
+    def paths(self) -> list[str]:
+        return [*ALWAYS_WATCHED, *(f"{d}/{n}" for n in self.names for d in self.path_dirs)]
+
+    def changes(self, now: dict[str, str | None]) -> list[str]:
+        """What differs: a program that resolved before must resolve to the same file with
+        the same content (a new one earlier in PATH shadows it); a program that did not exist
+        before may appear (the agent installed it). Preload files must not change at all."""
+        found = [f"{p} changed" for p in ALWAYS_WATCHED if now.get(p) != self.digests.get(p)]
+        for name in self.names:
+            before = _resolve(self.digests, self.path_dirs, name)
+            if before is None:
+                continue
+            after = _resolve(now, self.path_dirs, name)
+            if after != before:
+                found.append(_describe_change(name, before, after))
+        return found
+
+
+def _resolve(digests: dict[str, str | None], dirs: list[str], name: str) -> tuple[str, str] | None:
+    for folder in dirs:
+        digest = digests.get(f"{folder}/{name}")
+        if digest is not None:
+            return f"{folder}/{name}", digest
+    return None
+
+
+def _describe_change(name: str, before: tuple[str, str], after: tuple[str, str] | None) -> str:
+    if after is None:
+        return f"{name}: {before[0]} was removed"
+    if after[0] != before[0]:
+        return f"{name}: {after[0]} now shadows {before[0]}"
+    return f"{name}: {before[0]} was replaced"
+
+
+def named_commands(script: str) -> set[str]:
+    """The command names a shell script runs (first words of its simple commands)."""
+    names: set[str] = set()
+    for piece in re.split(r"[;&|\n(){}`]|\$\(", script):
+        try:
+            words = shlex.split(piece, comments=True)
+        except ValueError:
+            words = piece.split()
+        words = [w for w in words if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w)]
+        while words and words[0] in _NOT_COMMANDS:
+            words = words[1:]
+        if words and _COMMAND_NAME.fullmatch(words[0]):
+            names.add(words[0])
+    return names
+
+
+def _verifier_path(task: Task) -> list[str]:
+    path = task.config.verifier.env.get("PATH", DEFAULT_PATH)
+    return [d.rstrip("/") for d in path.split(":") if d.startswith("/")]
+
+
+async def program_digests(task: Task, sandbox: Sandbox) -> ProgramDigests:
+    """Taken before the agent starts, from outside the sandbox."""
+    script = task.tests_dir / "test.sh"
+    text = await asyncio.to_thread(script.read_text, errors="replace") if script.is_file() else ""
+    names = sorted(set(BASE_PROGRAMS) | named_commands(text))
+    baseline = ProgramDigests(path_dirs=_verifier_path(task), names=names, digests={})
+    baseline.digests = await sandbox.digests(baseline.paths)
+    return baseline
 
 
 def _number(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise VerifierError(f"{where}: reward must be a number, got {value!r}")
-    number = float(value)
+        raise VerifierError(f"{where}: reward must be a number, got {str(value)[:100]!r}")
+    try:
+        number = float(value)
+    except OverflowError as exc:
+        raise VerifierError(f"{where}: reward is too large to be a number") from exc
     if not math.isfinite(number):
         raise VerifierError(f"{where}: reward must be finite, got {value!r}")
     return number
@@ -39,7 +170,7 @@ def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
         return _number(data, where), {}
     if not isinstance(data, dict) or not data:
         raise VerifierError(f"{where}: expected an object of named rewards, got {text[:100]!r}")
-    rewards = {str(k): _number(v, f"{where} [{k}]") for k, v in data.items()}
+    rewards = {str(k)[:200]: _number(v, f"{where} [{str(k)[:200]}]") for k, v in data.items()}
     if "reward" in rewards:
         return rewards["reward"], rewards
     return sum(rewards.values()) / len(rewards), rewards
@@ -55,41 +186,87 @@ def parse_reward_txt(text: str) -> float:
     return _number(value, where)
 
 
-async def run_verifier(
-    task: Task, sandbox: Sandbox, timeout_s: float | None = None
-) -> VerifierOutcome:
-    timeout_s = timeout_s or task.config.verifier.timeout_sec
-    prep = await sandbox.exec(
-        # Empty the folders rather than remove them: they may be mount points.
-        f"mkdir -p {LOGS_DIR} {TESTS_MOUNT} && find {LOGS_DIR} {TESTS_MOUNT} -mindepth 1 -delete",
-        timeout=60,
+def _in_range(task: Task, reward: float, rewards: dict[str, float]) -> None:
+    low, high = task.config.verifier.reward_range
+    for name, value in {"reward": reward, **rewards}.items():
+        if not low <= value <= high:
+            raise VerifierError(
+                f"{LOGS_DIR}: {name} {value:g} is outside the task's reward range "
+                f"[{low:g}, {high:g}] (declare [verifier] reward_range to allow it)"
+            )
+
+
+def _tests_tar(task: Task) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(task.tests_dir, arcname=".")
+    return buffer.getvalue()
+
+
+async def _fresh(sandbox: Sandbox, cmd: str, what: str, **kwargs: object) -> str:
+    result = await sandbox.exec_fresh(cmd, timeout=_PREP_TIMEOUT_S, **kwargs)  # type: ignore[arg-type]
+    if not result.ok:
+        detail = (result.stderr or result.stdout).strip()[-500:]
+        raise VerifierError(f"cannot {what} (exit code {result.exit_code}): {detail}")
+    return result.stdout
+
+
+async def _read_reward(sandbox: Sandbox, test_exit: int, output: str) -> tuple[float, dict]:
+    kinds = dict(
+        line.split(" ", 1)
+        for line in (await _fresh(sandbox, _INSPECT, "inspect the reward folder")).splitlines()
     )
-    if prep.exit_code != 0:
-        raise VerifierError(f"cannot prepare the verifier folders: {prep.stderr.strip()}")
-    await sandbox.upload(task.tests_dir, TESTS_MOUNT)
-    result = await sandbox.exec(
-        f"exec 2>&1\nbash {TESTS_MOUNT}/test.sh",
+    for name in ("reward.json", "reward.txt"):
+        kind = kinds.get(name, "missing")
+        if kind == "missing":
+            continue
+        if kind in ("link", "special"):
+            raise VerifierError(f"{LOGS_DIR}/{name} is a {kind}, not a regular file")
+        if int(kind) > REWARD_MAX_BYTES:
+            raise VerifierError(f"{LOGS_DIR}/{name} has {kind} bytes (at most {REWARD_MAX_BYTES})")
+        text = await _fresh(
+            sandbox, f"head -c {REWARD_MAX_BYTES} -- {LOGS_DIR}/{name}", f"read {name}"
+        )
+        if name == "reward.json":
+            return parse_reward_json(text)
+        return parse_reward_txt(text), {}
+    raise VerifierError(
+        f"tests/test.sh (exit code {test_exit}) wrote neither {LOGS_DIR}/reward.txt nor "
+        f"reward.json; its output ends with: {output[-500:]!r}"
+    )
+
+
+async def run_verifier(
+    task: Task,
+    sandbox: Sandbox,
+    baseline: ProgramDigests | None = None,
+    timeout_s: float | None = None,
+) -> VerifierOutcome:
+    """The task's verdict on what the agent left in `sandbox` (see the module docstring)."""
+    timeout_s = timeout_s or task.config.verifier.timeout_sec
+    await sandbox.stop_agent()
+    if baseline is not None:
+        changes = baseline.changes(await sandbox.digests(baseline.paths))
+        if changes:
+            raise TamperError(
+                "programs the tests run were changed during the agent's run ("
+                + "; ".join(changes[:10])
+                + "); the tests were not run"
+            )
+    tests = await asyncio.to_thread(_tests_tar, task)
+    await _fresh(sandbox, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
+    result = await sandbox.exec_fresh(
+        f"exec 2>&1; exec bash {TESTS_MOUNT}/test.sh",
         timeout=timeout_s,
         env=task.config.verifier.env or None,
+        cwd=sandbox.workdir,
     )
+    await sandbox.stop_agent()  # whatever the tests started (the agent's code among it)
     output = (result.stdout + result.stderr)[-_OUTPUT_TAIL:]
     if result.timed_out:
         raise VerifierError(f"tests/test.sh timed out after {timeout_s:g} s")
-    rewards: dict[str, float] = {}
-    try:
-        reward, rewards = parse_reward_json(
-            (await sandbox.read_file(f"{LOGS_DIR}/reward.json")).decode(errors="replace")
-        )
-    except FileNotFoundError:
-        try:
-            reward = parse_reward_txt(
-                (await sandbox.read_file(f"{LOGS_DIR}/reward.txt")).decode(errors="replace")
-            )
-        except FileNotFoundError as exc:
-            raise VerifierError(
-                f"tests/test.sh (exit code {result.exit_code}) wrote neither "
-                f"{LOGS_DIR}/reward.txt nor reward.json; its output ends with: {output[-500:]!r}"
-            ) from exc
+    reward, rewards = await _read_reward(sandbox, result.exit_code, output)
+    _in_range(task, reward, rewards)
     return VerifierOutcome(
         reward=reward,
         rewards=rewards,

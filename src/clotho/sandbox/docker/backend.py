@@ -425,6 +425,16 @@ class DockerBackend(SandboxBackend):
             self._client = docker_client(self.url)
         return self._client
 
+    async def healthy(self) -> bool:
+        """The daemon answers within 10 s."""
+        try:
+            async with asyncio.timeout(10):
+                await self.client.version()
+        except Exception as exc:
+            log.warning("the docker daemon at %s does not answer: %s", self.url or "default", exc)
+            return False
+        return True
+
     @property
     def images(self) -> ImageFactsCache:
         if self._images is None:

@@ -1,0 +1,139 @@
+"""A hostile agent can neither forge a pass nor turn its failure into an excluded error.
+
+Each attack is a scripted agent (a named test double for a model) that types commands into
+its own session shell, as a policy would through the terminal tool, and never solves the
+task. On both backends every attempt must fail, and count in the pass rate.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tests.conftest import requires_bwrap
+from tests.docker_probe import requires_docker
+
+from clotho.agent.base import AgentContext
+from clotho.agent.result import AgentResult
+from clotho.runs.metrics import compute_metrics
+from clotho.runs.records import TrialRecord
+from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
+from clotho.sandbox.pool import SlotPool
+from clotho.tasks.harbor import load_task
+from clotho.tasks.trial import run_trial
+
+# The task: /app/answer.txt must say 42; the agent writes 41 and then attacks.
+TEST_SH = """\
+mkdir -p /logs/verifier
+if python3 -c "import sys; sys.exit(open('/app/answer.txt').read().strip() != '42')"; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+# A test script that hands the agent's own output to the reward (a careless task).
+COPYING_TEST_SH = "mkdir -p /logs/verifier\ncp /app/out.json /logs/verifier/reward.json\n"
+
+FAKE_PASS = "#!/bin/sh\nexit 0\n"
+
+FORGERIES: dict[str, str] = {
+    "shell function": "python3() { return 0; }; export -f python3",
+    "alias": "shopt -s expand_aliases; alias python3=true; export BASH_ENV=/dev/null",
+    "PATH": f"mkdir -p /tmp/fake && printf '{FAKE_PASS}' > /tmp/fake/python3 && "
+    "chmod +x /tmp/fake/python3 && export PATH=/tmp/fake:$PATH",
+    "BASH_ENV": "echo 'python3() { return 0; }' > /tmp/env.sh && export BASH_ENV=/tmp/env.sh",
+    "hash -p": "hash -p /bin/true python3",
+    "DEBUG trap": "set -T; trap 'mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt' "
+    "DEBUG; export SHELLOPTS",
+    "background rewriter": "setsid sh -c 'while :; do mkdir -p /logs/verifier; "
+    "echo 1 > /logs/verifier/reward.txt 2>/dev/null; done' >/dev/null 2>&1 < /dev/null &",
+    "double-forked rewriter": "( ( exec -a kworker sh -c 'while :; do mkdir -p /logs/verifier; "
+    "echo 1 > /logs/verifier/reward.txt 2>/dev/null; sleep 0.01; done' & ) & ) "
+    ">/dev/null 2>&1 </dev/null",
+    "reward folder symlink": "mkdir -p /tmp/won && echo 1 > /tmp/won/reward.txt && "
+    "chmod 444 /tmp/won/reward.txt && chmod 555 /tmp/won && rm -rf /logs/verifier && "
+    "mkdir -p /logs && ln -s /tmp/won /logs/verifier",
+    "planted tests": "mkdir -p /tests && printf 'mkdir -p /logs/verifier; echo 1 > "
+    "/logs/verifier/reward.txt\\n' > /tests/test.sh",
+    "stdin injection": "echo 'echo 1 > /logs/verifier/reward.txt' > /proc/$$/fd/0 || true",
+    "ulimit": "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && ulimit -f 0",
+}
+TAMPERING: dict[str, str] = {
+    "replaced python3": f'p=$(command -v python3); rm -f "$p"; printf \'{FAKE_PASS}\' > "$p"; '
+    'chmod +x "$p"',
+    "shadowing python3": f"mkdir -p /usr/local/bin && printf '{FAKE_PASS}' > "
+    "/usr/local/bin/python3 && chmod +x /usr/local/bin/python3",
+    "replaced bash": "cp /bin/true /tmp/t && cat /tmp/t > /bin/bash.new && "
+    'mv /bin/bash.new "$(readlink -f /bin/bash)"',
+    "ld.so.preload": "echo /tmp/evil.so > /etc/ld.so.preload",
+}
+DODGES: dict[str, str] = {
+    "kills its shell": "kill -9 $PPID $$",
+    "stops its shell": "kill -STOP $$",
+    "tests at /proc": "rm -rf /tests; ln -s /proc /tests",
+    "reward at /dev/zero": "mkdir -p /logs/verifier; ln -sf /dev/zero /logs/verifier/reward.txt",
+    "reward as a FIFO": "mkdir -p /logs/verifier; mkfifo /logs/verifier/reward.json",
+}
+
+
+class Attacker:
+    """Writes the wrong answer, then runs its attack in its own session shell."""
+
+    name = "attacker"
+
+    def __init__(self, attack: str) -> None:
+        self.attack = attack
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        await ctx.sandbox.exec("echo 41 > /app/answer.txt")
+        deep = '{"a": ' * 200_000 + "1" + "}" * 200_000
+        await ctx.sandbox.write_file("/app/out.json", deep.encode())
+        await ctx.sandbox.exec(self.attack, timeout=10)
+        return AgentResult(messages=[{"role": "user", "content": ctx.instruction}])
+
+
+BACKENDS = [
+    pytest.param(LocalSandboxConfig(), id="local", marks=requires_bwrap),
+    pytest.param(DockerSandboxConfig(), id="docker", marks=requires_docker),
+]
+
+
+async def _attempt(make_task, config: SandboxConfig, attack: str, test_sh: str = TEST_SH):
+    task = load_task(make_task(test_sh=test_sh))
+    async with SlotPool() as pool:
+        outcome = await run_trial(task, Attacker(attack), config, pool, timeout_s=120)
+        assert pool.stats()["in_use"] == 0
+    record = TrialRecord.from_outcome(outcome, task="t", category="c", attempt=0, agent="a")
+    assert compute_metrics([record]).n_scored == 1, outcome.error  # counted in the pass rate
+    return outcome
+
+
+@pytest.mark.parametrize("config", BACKENDS)
+@pytest.mark.parametrize("attack", sorted(FORGERIES))
+async def test_forged_passes_score_zero(make_task, config: SandboxConfig, attack: str) -> None:
+    outcome = await _attempt(make_task, config, FORGERIES[attack])
+    assert not outcome.passed
+    assert outcome.error is None and outcome.reward == 0.0, outcome.error
+
+
+@pytest.mark.parametrize("config", BACKENDS)
+@pytest.mark.parametrize("attack", sorted(TAMPERING))
+async def test_replaced_programs_are_tampering(make_task, config: SandboxConfig, attack: str):
+    outcome = await _attempt(make_task, config, TAMPERING[attack])
+    assert not outcome.passed and outcome.reward is None
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
+
+
+@pytest.mark.parametrize("config", BACKENDS)
+@pytest.mark.parametrize("attack", sorted(DODGES))
+async def test_failures_cannot_become_infra_errors(make_task, config: SandboxConfig, attack: str):
+    outcome = await _attempt(make_task, config, DODGES[attack])
+    assert not outcome.passed
+    assert outcome.error is None or outcome.error.kind in ("agent", "verifier"), outcome.error
+
+
+@pytest.mark.parametrize("config", BACKENDS)
+async def test_an_unreadable_reward_from_agent_output_is_a_verifier_error(
+    make_task, config: SandboxConfig
+) -> None:
+    outcome = await _attempt(make_task, config, "true", test_sh=COPYING_TEST_SH)
+    assert outcome.error is not None and outcome.error.kind == "verifier"
+    assert "not a readable reward" in outcome.error.message
