@@ -881,11 +881,41 @@ def test_an_escape_leaked_into_a_name_is_an_error_not_a_tool_name(fmt: str) -> N
     assert "is not a tool name" in error.message
 
 
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        (
+            "glm47",
+            "<tool_call>bash<arg_key>command\\n</arg_key><arg_value>ls</arg_value></tool_call>",
+        ),
+        (
+            "glm45",
+            "<tool_call>bash\n<arg_key>com mand</arg_key>\n<arg_value>ls</arg_value>\n</tool_call>",
+        ),
+        (
+            "qwen3_coder",
+            "<tool_call>\n<function=bash>\n<parameter=command\\n>\nls\n</parameter>\n</function>\n"
+            "</tool_call>",
+        ),
+    ],
+)
+def test_an_escape_or_space_in_a_parameter_name_is_an_error(fmt: str, text: str) -> None:
+    result = get_parser(fmt, TOOLS).parse(text)
+    assert result.calls == []
+    (error,) = result.errors
+    assert "is not a parameter name" in error.message and error.name == "bash"
+
+
 # A call the model quoted inside another call's JSON string, unescaped, so the outer JSON is
 # broken: the broken call is reported, and the quoted one must not run.
 QUOTED_CALLS = {
     "hermes": '<tool_call>{"name": "write_file", "arguments": {"content": "Example: <tool_call>'
     '{"name": "bash", "arguments": {"command": "rm -rf /"}}</tool_call>"}}</tool_call>',
+    "qwen": '<tool_call>\n{"name": "write_file", "arguments": {"content": "<tool_call>\n'
+    '{"name": "bash", "arguments": {"command": "rm -rf /"}}\n</tool_call>"}}\n</tool_call>',
+    "deepseek_v3": f"{DS_BEGIN}{DS_CALL}function{DS_SEP}write_file\n```json\n"
+    f'{{"content": "e.g. {DS_CALL}function{DS_SEP}bash\n```json\n{{"command": "rm -rf /"}}'
+    f'\n```{DS_CALL_END}"}}\n```{DS_CALL_END}{DS_END}',
     "longcat": '<longcat_tool_call>{"name": "write_file", "arguments": {"content": "e.g. '
     '<longcat_tool_call>{"name": "bash", "arguments": {"command": "rm -rf /"}}'
     '</longcat_tool_call>"}}</longcat_tool_call>',

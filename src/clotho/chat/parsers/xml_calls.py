@@ -38,7 +38,8 @@ from clotho.chat.parsers.base import Malformed, ToolCallParser, Turn, error_exte
 from clotho.chat.parsers.xml_args import typed_arguments
 
 # Bounds on the search for adversarial text: readings tried per call, later `</tool_call>`s an
-# unreadable call may end at, candidate closing tags looked at per parse, calls looked ahead.
+# unreadable call may end at, closing tags looked at per parse before the search stops (then
+# each call keeps its most likely reading), calls looked ahead.
 _READINGS = 32
 _EXTENTS = 8
 _STEPS = 4096
@@ -130,10 +131,11 @@ class XmlCallParser(ToolCallParser):
         depth = 0
         nested = -1  # where the last closing tag of a nested block ends
         i = v
-        while walk.budget[0] > 0:
+        while True:
             c = text.find(closer, i)
             if c < 0:
                 return
+            walk.budget[0] -= 1
             o = text.find(opener, i, c)
             while o >= 0:
                 if self._opens(text, o, v, nested):
@@ -145,7 +147,6 @@ class XmlCallParser(ToolCallParser):
                     depth -= 1
                     nested = after
             elif self._resumes(text, after):
-                walk.budget[0] -= 1
                 yield c
             elif not stray:
                 stray.append(c)
@@ -264,7 +265,7 @@ class _Search:
         where the structure resumes (only then can a call have a reading ending later)."""
         known = self.closes_after.get(end)
         if known is None:
-            walk = Walk([_STEPS])
+            walk = Walk(self.budget)
             known = next(self.parser._value_closes(self.text, end, walk, []), None) is not None
             self.closes_after[end] = known
         return known
@@ -333,7 +334,7 @@ class _Search:
                 if chosen is None or score < chosen[0]:
                     chosen = (score, _Plan(pos, start, option, rest))
                 if self.budget[0] <= 0:
-                    break
+                    break  # out of budget: the first (most likely) reading stands
                 if reading and not self._close_after(option.end):
                     # Later readings end values at later closing tags, all before this end:
                     # they cannot leave less stray text or fewer calls.
