@@ -858,6 +858,10 @@ def test_glm_a_literal_backslash_n_after_the_name_is_not_part_of_it(fmt: str) ->
     text = "<tool_call>bash\\n<arg_key>command</arg_key>\\n<arg_value>ls -la</arg_value>\\n</tool_call>"
     result = get_parser(fmt, TOOLS).parse(text)
     assert pairs(result) == [BASH_LS] and result.errors == []
+    # Inside a value the two characters are the value's own (SGLang keeps `C:\\Users\\test`).
+    path = "C:\\new\\Users\\test\\n"
+    result = get_parser(fmt, WRITE_TOOLS).parse(glm_write(fmt, "x", path=path))
+    assert pairs(result) == [("write_file", {"path": path, "content": "x"})]
 
 
 NAME_LEAKS = {

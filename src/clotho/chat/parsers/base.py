@@ -83,6 +83,8 @@ _BAD_NAME = re.compile(r"""[\s<>{}\[\]"'`,;()=\\\x00-\x1f\x7f]""")
 def name_problem(name: Any) -> str | None:
     if not isinstance(name, str) or not name:
         return "the call has no tool name"
+    if name.isidentifier() and len(name) <= 256:
+        return None  # the usual name, without a regex
     if len(name) > 256 or _BAD_NAME.search(name):
         shown = name if len(name) <= 60 else name[:57] + "..."
         return f"{shown!r} is not a tool name"

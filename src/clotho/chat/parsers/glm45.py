@@ -25,10 +25,13 @@ nested in the value, and a call inside a value never runs (`clotho.chat.parsers.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from clotho.chat.parsers.base import Malformed, find_first, ran_out, skip_space
+from clotho.chat.parsers.base import Malformed, ran_out, skip_space
 from clotho.chat.parsers.xml_calls import Cursor, Function, Reading, Step, Value, XmlCallParser
+
+_NAME_END = re.compile(r"\n|\\n|<arg_key>|</tool_call>")
 
 
 class Glm45Parser(XmlCallParser):
@@ -55,11 +58,12 @@ class Glm45Parser(XmlCallParser):
         i = skip_space(text, body)
         # The name ends at a newline, at the literal `\\n` some GLM outputs carry instead (as
         # SGLang reads it), or at the first tag.
-        cut, _ = find_first(text, ("\n", "\\n", self.KEY, self.END), i)
-        if cut < 0:
+        end = _NAME_END.search(text, i)
+        if end is None:
             return Malformed(
                 f"the tool name is not followed by {self.KEY} or {self.END}", truncated=True
             )
+        cut = end.start()
         return self._advance(text, Cursor(cut, text[i:cut].strip(), body, [], []))
 
     def _advance(self, text: str, cur: Cursor) -> Step:

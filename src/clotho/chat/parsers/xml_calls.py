@@ -227,7 +227,8 @@ class XmlCallParser(ToolCallParser):
         """The text ends at `i`, or with the start of what may follow a value's closing tag."""
 
     def _scan(self, text: str, turn: Turn) -> None:
-        _Search(self, text).apply(turn)
+        if not _quick(self, text, turn):
+            _Search(self, text).apply(turn)
 
 
 @dataclass(slots=True)
@@ -271,8 +272,7 @@ class _Search:
         return known
 
     def _stray(self, a: int, b: int) -> int:
-        piece = self.text[a:b]
-        return sum(piece.count(tag) for tag in self.parser.STRAY) if "<" in piece else 0
+        return _stray(self.parser, self.text, a, b)
 
     def _options(self, start: int) -> Iterator[_Option]:
         text, p = self.text, self.parser
@@ -361,48 +361,7 @@ class _Search:
         assert plan is not None
         return plan
 
-    def _quick(self, turn: Turn) -> bool:
-        """The common case, read without search: each value ends at the first closing tag
-        after it, with no opening tag before it, and the structure resumes there; no stray tag
-        is left in the prose; and every value tag of the text is used by a value. Then this is
-        the only reading (any other closing tag ends a parameter whose opening tag would nest
-        in the longer value): it goes to `turn`. False when it is not the case."""
-        p, text = self.parser, self.text
-        close_tag, open_tag = p.VALUE_CLOSE, p.VALUE_OPEN
-        calls: list[tuple[int, int, Reading]] = []
-        values = pos = 0
-        while True:
-            start = text.find(p.START, pos)
-            stop = len(text) if start < 0 else start
-            if text.find("<", pos, stop) >= 0 and self._stray(pos, stop):
-                return False
-            if start < 0:
-                break
-            step = p._start(text, start + len(p.START))
-            while isinstance(step, Value):
-                cur = step.cursor
-                close = text.find(close_tag, cur.i)
-                if close < 0 or text.find(open_tag, cur.i, close) >= 0:
-                    return False  # (`_advance` fails where the structure does not resume)
-                cur.pairs.append((step.param, p._clean(text[cur.i : close])))
-                cur.i = close + len(close_tag)
-                values += 1
-                step = p._advance(text, cur)
-            if not isinstance(step, Reading):
-                return False
-            calls.append((pos, start, step))
-            pos = step.end
-        if not text.count(close_tag) == values == text.count(open_tag):
-            return False
-        for prose, start, reading in calls:
-            turn.text(text[prose:start])
-            _report(p, text, text[start : reading.end], reading, turn)
-        turn.text(text[pos:])
-        return True
-
     def apply(self, turn: Turn) -> None:
-        if self._quick(turn):
-            return
         text = self.text
         plan: _Plan | None = self.best(0)[1]
         while plan is not None:
@@ -420,16 +379,61 @@ class _Search:
             plan = plan.rest
 
 
+def _quick(p: XmlCallParser, text: str, turn: Turn) -> bool:
+    """The common case, read without search: each value ends at the first closing tag
+    after it, and the structure resumes there; no stray tag is left in the prose; and every
+    value tag of the text is used by a value (so no value holds one). Then this is
+    the only reading (any other closing tag ends a parameter whose opening tag would nest
+    in the longer value): it goes to `turn`. False when it is not the case."""
+    close_tag, open_tag = p.VALUE_CLOSE, p.VALUE_OPEN
+    calls: list[tuple[int, int, Reading]] = []
+    values = pos = 0
+    while True:
+        start = text.find(p.START, pos)
+        stop = len(text) if start < 0 else start
+        if text.find("<", pos, stop) >= 0 and _stray(p, text, pos, stop):
+            return False
+        if start < 0:
+            break
+        step = p._start(text, start + len(p.START))
+        while isinstance(step, Value):
+            cur = step.cursor
+            close = text.find(close_tag, cur.i)
+            if close < 0:
+                return False  # (an opening tag in the value fails the count below, and
+                # `_advance` fails where the structure does not resume)
+            cur.pairs.append((step.param, p._clean(text[cur.i : close])))
+            cur.i = close + len(close_tag)
+            values += 1
+            step = p._advance(text, cur)
+        if not isinstance(step, Reading):
+            return False
+        calls.append((pos, start, step))
+        pos = step.end
+    if not text.count(close_tag) == values == text.count(open_tag):
+        return False
+    for prose, start, reading in calls:
+        turn.text(text[prose:start])
+        _report(p, text, text[start : reading.end], reading, turn)
+    turn.text(text[pos:])
+    return True
+
+
+def _stray(parser: XmlCallParser, text: str, a: int, b: int) -> int:
+    """How many tags that have no place in prose the text from `a` to `b` holds."""
+    piece = text[a:b]
+    return sum(piece.count(tag) for tag in parser.STRAY) if "<" in piece else 0
+
+
 def _report(parser: XmlCallParser, text: str, raw: str, reading: Reading, turn: Turn) -> None:
     """The calls of one reading, typed by the tools' schemas; a value that does not fit its
     type makes the whole `<tool_call>` an error."""
-    typed: list[tuple[str, dict[str, Any], str]] = []
+    typed: list[tuple[Function, dict[str, Any]]] = []
     for fn in reading.functions:
         try:
-            args = typed_arguments(parser.schemas, fn.name, fn.pairs)
+            typed.append((fn, typed_arguments(parser.schemas, fn.name, fn.pairs)))
         except Malformed as e:
             turn.error(raw, e.problem, e.name)
             return
-        typed.append((fn.name, args, text[fn.begin : fn.end]))
-    for name, args, own in typed:
-        turn.call(name, args, raw if len(typed) == 1 else own)
+    for fn, args in typed:
+        turn.call(fn.name, args, raw if len(typed) == 1 else text[fn.begin : fn.end])
