@@ -819,6 +819,19 @@ def test_qwen3_coder_parameters_still_end_where_the_next_one_starts() -> None:
     assert repeated.calls == [] and "given twice" in repeated.errors[0].message
 
 
+def test_qwen3_coder_truly_ambiguous_turns_take_the_reading_with_fewer_calls() -> None:
+    # A second call whose value ends with its own closing tags is, as text, the first call's
+    # value holding a call. Truly ambiguous: the reading with fewer calls is taken, so no call
+    # is made of text that may lie inside a value.
+    tail = "a</parameter>\n</function>\n</tool_call>"
+    parser = get_parser("qwen3_coder")
+    text = parser.render([("A", {"x": "one"}), ("B", {"y": tail})])
+    (call,) = parser.parse(text).calls
+    assert call.name == "A" and call.arguments["x"].startswith("one\n</parameter>")
+    # Alone, the same value reads whole: the other reading leaves its closing tags as prose.
+    assert pairs(parser.parse(parser.render([("B", {"y": tail})]))) == [("B", {"y": tail})]
+
+
 def test_qwen3_coder_a_lone_closing_tag_followed_by_prose_is_an_error_not_a_short_value() -> None:
     text = (
         "<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\noops\n"

@@ -1,4 +1,9 @@
-"""Formats that wrap one JSON call object in a pair of tags (hermes, qwen, longcat)."""
+"""Formats that wrap one JSON call object in a pair of tags (hermes, qwen, longcat).
+
+The JSON decoder, not a search for the end tag, decides where a call's body ends, so strings
+may hold the tags. A body that is not valid JSON ends at the first tag after where the decoder
+stopped: a tag before that lay in the call's own text (a string quoting another call, say) and
+neither ends this call nor starts one."""
 
 from __future__ import annotations
 

@@ -8,20 +8,21 @@ for every XML format:
    parameter's tag or the end of the call follows); any other closing tag is part of the value.
 2. A value that holds a nested block (an opening tag standing where the structure puts one:
    at the start of the value, after a call or function header inside the value, or after the
-   closing tag of a nested block) holds that block's closing tag too: a
-   closing tag inside a nested block never ends the value, so a literal call inside a value is
-   never read as the end of it, and a value cut off after such a block is cut off, not short.
+   closing tag of a nested block) holds that block's closing tag too: a closing tag inside a
+   nested block never ends the value, so a literal call inside a value is never read as the
+   end of it, and a value cut off after such a block is cut off, not short.
 3. Of the readings left, the turn reads the one that leaves no stray tags in the prose (text
    between calls), then the one with the fewest malformed calls, then the one with the fewest
    calls, then the one ending values earliest. So a literal block inside a value stays in it
    (reading it as calls would leave the value's own closing tags as prose, or make more
    calls), and a call lying inside another call's value is never run.
 
-Where the text is truly ambiguous, `...</parameter>\n<parameter=NAME>...` inside a value reads
-as the next parameter, even when the tool does not declare NAME or NAME was given already: the
+Two cases stay truly ambiguous. `...</parameter>\n<parameter=NAME>...` inside a value reads as
+the next parameter, even when the tool does not declare NAME or NAME was given already: the
 call then fails visibly (clotho's tools refuse unknown arguments, and a parameter given twice
 is an error), while keeping the text in the value would run the call with a value the model
-may not have meant.
+may not have meant. And a later call whose value ends with that value's own closing tags reads
+the same as a value holding the later call: rule 3 takes the reading with fewer calls.
 
 A call that cannot be read ends, by the same ranking, at its own `</tool_call>` rather than at
 a `<tool_call>` inside one of its values.
@@ -124,9 +125,8 @@ class XmlCallParser(ToolCallParser):
     def _value_closes(self, text: str, v: int, walk: Walk, stray: list[int]) -> Iterator[int]:
         """Where a value starting at `v` may end, in order: each VALUE_CLOSE not inside a
         nested block (opened by a VALUE_OPEN where `_opens`, and closed, like any value, only
-        where the structure resumes) after which `_resumes`. The first
-        VALUE_CLOSE at depth 0 that the structure does not follow goes to `stray` (for the
-        error when nothing fits)."""
+        where the structure resumes) after which `_resumes`. The first VALUE_CLOSE at depth 0
+        that the structure does not follow goes to `stray` (for the error when nothing fits)."""
         closer, opener = self.VALUE_CLOSE, self.VALUE_OPEN
         depth = 0
         nested = -1  # where the last closing tag of a nested block ends
