@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clotho.chat.parsers import get_parser, list_parsers
+from clotho.chat.parsers import ParseResult, get_parser, list_parsers
 
 XML_CLOSERS = {"qwen3_coder": "</parameter>", "glm45": "</arg_value>", "glm47": "</arg_value>"}
 # Per XML format: tags that may open a block nested in a value, a lone opening tag, and a lone
@@ -135,6 +135,17 @@ def check_round_trip(fmt: str, tools: Any, calls: list, content: str | None) -> 
     assert len(set(ids)) == len(ids) == 2 * len(calls)
 
 
+def check_cut(fmt: str, tools: Any, calls: list, data: st.DataObject) -> tuple[ParseResult, str]:
+    """The turn cut at a drawn place: only complete calls before the cut are read."""
+    parser = get_parser(fmt, tools)
+    text = parser.render(calls)
+    cut = text[: data.draw(st.integers(0, len(text)))]
+    result = parser.parse(cut)
+    got = [(c.name, c.arguments) for c in result.calls]
+    assert got == calls[: len(got)], cut
+    return result, cut
+
+
 @pytest.mark.parametrize("fmt", JSON_FORMATS)
 @SETTINGS
 @given(data=st.data(), calls=JSON_CALLS)
@@ -171,12 +182,7 @@ def test_a_cut_turn_with_tags_in_its_values_never_yields_a_call_the_model_did_no
     the cut are read (a cut value's error may say what follows a closing tag in it, since the
     text cannot tell a cut from a stray tag)."""
     tools, calls = data.draw(typed_turn(fmt, xml_string(fmt)))
-    parser = get_parser(fmt, tools)
-    text = parser.render(calls)
-    cut = data.draw(st.integers(0, len(text)))
-    result = parser.parse(text[:cut])
-    got = [(c.name, c.arguments) for c in result.calls]
-    assert got == calls[: len(got)], text[:cut]
+    check_cut(fmt, tools, calls, data)
 
 
 @pytest.mark.parametrize("fmt", list_parsers())
@@ -191,14 +197,9 @@ def test_a_cut_turn_never_yields_a_call_the_model_did_not_write(
         tools, calls = data.draw(typed_turn(fmt))
     else:
         tools, calls = None, data.draw(JSON_CALLS)
-    parser = get_parser(fmt, tools)
-    text = parser.render(calls)
-    cut = data.draw(st.integers(0, len(text)))
-    result = parser.parse(text[:cut])
-    got = [(c.name, c.arguments) for c in result.calls]
-    assert got == calls[: len(got)], text[:cut]
+    result, cut = check_cut(fmt, tools, calls, data)
     for error in result.errors:
-        assert "not finished" in error.message, (text[:cut], error.message)
+        assert "not finished" in error.message, (cut, error.message)
 
 
 @pytest.mark.parametrize("fmt", list_parsers())

@@ -46,6 +46,7 @@ class Glm45Parser(XmlCallParser):
     STRAY = (END, KEY, KEY_END, VALUE, VALUE_END)
     VALUE_OPEN = VALUE
     VALUE_CLOSE = VALUE_END
+    RESUME = (KEY, END)
     NEWLINE = "\n"
     """What the model writes between the parts of a call (GLM-4.7 writes nothing)."""
     format_hint = (
@@ -95,14 +96,8 @@ class Glm45Parser(XmlCallParser):
         cur.i = j + len(self.VALUE)
         return Value(cur, key)
 
-    def _ran_out(self, text: str, i: int) -> bool:
-        return ran_out(text, i, self.KEY, self.END)
-
-    def _resumes(self, text: str, after: int, nested: bool = False) -> bool:
-        k = _gap(text, after)
-        if text.startswith(self.KEY, k) or text.startswith(self.END, k):
-            return True
-        return nested and text.startswith(self.VALUE_END, k)
+    def _skip(self, text: str, i: int) -> int:
+        return _gap(text, i)
 
     def _opens(self, text: str, o: int, v: int, nested: int) -> bool:
         """After `<arg_key>K</arg_key>`, itself at the start of the value, after a nested

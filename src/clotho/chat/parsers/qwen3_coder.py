@@ -45,6 +45,7 @@ class Qwen3CoderParser(XmlCallParser):
     STRAY = (END, FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END)
     VALUE_OPEN = PARAMETER
     VALUE_CLOSE = PARAMETER_END
+    RESUME = (PARAMETER, FUNCTION_END)
     format_hint = (
         "Write each call as <tool_call>\n<function=TOOL_NAME>\n<parameter=PARAMETER_NAME>\n"
         "value\n</parameter>\n</function>\n</tool_call>, one <parameter> block per argument, "
@@ -107,15 +108,6 @@ class Qwen3CoderParser(XmlCallParser):
         if value.endswith("\n"):
             value = value[:-1]
         return value
-
-    def _ran_out(self, text: str, i: int) -> bool:
-        return ran_out(text, i, self.PARAMETER, self.FUNCTION_END)
-
-    def _resumes(self, text: str, after: int, nested: bool = False) -> bool:
-        j = skip_space(text, after)
-        if text.startswith(self.PARAMETER, j) or text.startswith(self.FUNCTION_END, j):
-            return True
-        return nested and text.startswith(self.PARAMETER_END, j)
 
     def _opens(self, text: str, o: int, v: int, nested: int) -> bool:
         """At the start of the value, after a nested `</parameter>`, or after a

@@ -35,7 +35,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from clotho.chat.parsers.base import Malformed, ToolCallParser, Turn, error_extent
+from clotho.chat.parsers.base import (
+    Malformed,
+    ToolCallParser,
+    Turn,
+    error_extent,
+    ran_out,
+    skip_space,
+)
 from clotho.chat.parsers.xml_args import typed_arguments
 
 # Bounds on the search for adversarial text: readings tried per call, later `</tool_call>`s an
@@ -109,11 +116,22 @@ class XmlCallParser(ToolCallParser):
     """Tags that have no place in prose: finding one there means a value was read short."""
     VALUE_OPEN: ClassVar[str]
     VALUE_CLOSE: ClassVar[str]
+    RESUME: ClassVar[tuple[str, ...]]
+    """What follows a VALUE_CLOSE (after `_skip`) where the structure resumes."""
 
-    @abstractmethod
+    def _skip(self, text: str, i: int) -> int:
+        """Past what may separate tags."""
+        return skip_space(text, i)
+
     def _resumes(self, text: str, after: int, nested: bool = False) -> bool:
         """The format's structure resumes at `after` (the end of a VALUE_CLOSE); in a block
         `nested` in a value, the enclosing value may also end there."""
+        j = self._skip(text, after)
+        return text.startswith(self.RESUME, j) or (nested and text.startswith(self.VALUE_CLOSE, j))
+
+    def _ran_out(self, text: str, i: int) -> bool:
+        """The text ends at `i`, or with the start of what may follow a value's closing tag."""
+        return ran_out(text, i, *self.RESUME)
 
     @abstractmethod
     def _opens(self, text: str, o: int, v: int, nested: int) -> bool:
@@ -221,10 +239,6 @@ class XmlCallParser(ToolCallParser):
             truncated=self._ran_out(text, after),
             at=stray[0],
         )
-
-    @abstractmethod
-    def _ran_out(self, text: str, i: int) -> bool:
-        """The text ends at `i`, or with the start of what may follow a value's closing tag."""
 
     def _scan(self, text: str, turn: Turn) -> None:
         if not _quick(self, text, turn):
