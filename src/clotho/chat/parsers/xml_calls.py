@@ -394,11 +394,11 @@ class _Search:
 
 
 def _quick(p: XmlCallParser, text: str, turn: Turn) -> bool:
-    """The common case, read without search: each value ends at the first closing tag
-    after it, and the structure resumes there; no stray tag is left in the prose; and every
-    value tag of the text is used by a value (so no value holds one). Then this is
-    the only reading (any other closing tag ends a parameter whose opening tag would nest
-    in the longer value): it goes to `turn`. False when it is not the case."""
+    """The common case, read without search: each value ends at the first closing tag after
+    it, and the structure resumes there; no stray tag is left in the prose; and every value
+    tag of the text is used by a value (so no value holds one). Then no reading is better
+    (any later closing tag ends a parameter whose opening tag would nest in the longer value)
+    and this one goes to `turn`. False when it is not the case."""
     close_tag, open_tag = p.VALUE_CLOSE, p.VALUE_OPEN
     calls: list[tuple[int, int, Reading]] = []
     values = pos = 0
