@@ -18,7 +18,7 @@ from clotho.runs.records import TrialRecord
 from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import load_task
-from clotho.tasks.trial import run_trial
+from clotho.tasks.trial import HarborTrial, run_trial
 
 # The task: /app/answer.txt must say 42; the agent writes 41 and then attacks.
 TEST_SH = """\
@@ -99,7 +99,7 @@ BACKENDS = [
 async def _attempt(make_task, config: SandboxConfig, attack: str, test_sh: str = TEST_SH):
     task = load_task(make_task(test_sh=test_sh))
     async with SlotPool() as pool:
-        outcome = await run_trial(task, Attacker(attack), config, pool, timeout_s=120)
+        outcome = await run_trial(HarborTrial(task), Attacker(attack), config, pool, timeout_s=120)
         assert pool.stats()["in_use"] == 0
     record = TrialRecord.from_outcome(outcome, task="t", category="c", attempt=0, agent="a")
     assert compute_metrics([record]).n_scored == 1, outcome.error  # counted in the pass rate

@@ -13,7 +13,7 @@ from clotho.errors import VerifierError
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import load_task
-from clotho.tasks.trial import run_trial
+from clotho.tasks.trial import HarborTrial, run_trial
 from clotho.tasks.verify import parse_reward_json, parse_reward_txt, run_verifier
 
 
@@ -61,7 +61,7 @@ async def test_agent_cannot_see_tests_nor_plant_a_reward(make_task) -> None:
     task = load_task(make_task(test_sh="echo 'tests ran but wrote nothing'\n"))
     agent = _CheatingAgent()
     async with SlotPool() as pool:
-        outcome = await run_trial(task, agent, LocalSandboxConfig(), pool)
+        outcome = await run_trial(HarborTrial(task), agent, LocalSandboxConfig(), pool)
     assert agent.saw_tests is not None and "test.sh" not in agent.saw_tests
     assert outcome.error is not None and outcome.error.kind == "verifier"
     assert outcome.reward is None and not outcome.passed
@@ -117,7 +117,7 @@ async def test_environment_files_become_the_workspace(make_task) -> None:
     from clotho.agent.reference import NopAgent
 
     async with SlotPool() as pool:
-        outcome = await run_trial(task, NopAgent(), LocalSandboxConfig(), pool)
+        outcome = await run_trial(HarborTrial(task), NopAgent(), LocalSandboxConfig(), pool)
     assert outcome.error is None
     assert outcome.reward == 1.0
 

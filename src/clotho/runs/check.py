@@ -12,7 +12,8 @@ from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.rollout import RolloutOutcome
 from clotho.sandbox import SandboxConfig
 from clotho.sandbox.pool import PoolConfig, SlotPool
-from clotho.tasks.harbor import Task, discover_tasks
+from clotho.tasks.base import EvalTask
+from clotho.tasks.discover import discover
 from clotho.tasks.trial import run_trial
 
 
@@ -33,7 +34,7 @@ def _describe(name: str, outcome: RolloutOutcome) -> str:
     return f"{name}: reward {outcome.reward}"
 
 
-async def check_task(task: Task, sandbox: SandboxConfig, pool: SlotPool) -> TaskCheck:
+async def check_task(task: EvalTask, sandbox: SandboxConfig, pool: SlotPool) -> TaskCheck:
     agents: tuple[Agent, Agent] = (OracleAgent(), NopAgent())
     oracle, nop = await asyncio.gather(*(run_trial(task, a, sandbox, pool) for a in agents))
     check = TaskCheck(task=task.name, oracle_reward=oracle.reward, nop_reward=nop.reward)
@@ -49,10 +50,10 @@ async def check_task(task: Task, sandbox: SandboxConfig, pool: SlotPool) -> Task
 async def check_tasks(
     paths: list[Path], sandbox: SandboxConfig, concurrency: int = 4
 ) -> tuple[list[TaskCheck], list[str]]:
-    tasks, errors = await asyncio.to_thread(discover_tasks, paths)
+    tasks, errors = await asyncio.to_thread(discover, paths)
     semaphore = asyncio.Semaphore(concurrency)
 
-    async def one(task: Task) -> TaskCheck:
+    async def one(task: EvalTask) -> TaskCheck:
         async with semaphore:
             return await check_task(task, sandbox, pool)
 

@@ -22,8 +22,7 @@ from clotho.runs.records import EvalConfig, RunMetrics, TrialDetail, TrialRecord
 from clotho.runs.schedule import EnvironmentScheduler
 from clotho.runs.store import RunStore
 from clotho.sandbox.pool import PoolConfig, SlotPool
-from clotho.tasks.harbor import Task
-from clotho.tasks.trial import trial_spec
+from clotho.tasks.base import EvalTask
 from clotho.tools.builtin import default_registry
 
 Listener = Callable[[str, object], None]
@@ -49,7 +48,7 @@ class _Recorder:
         self.agent = agent
         self.notify = notify
 
-    async def outcome(self, task: Task, attempt: int, outcome: RolloutOutcome) -> None:
+    async def outcome(self, task: EvalTask, attempt: int, outcome: RolloutOutcome) -> None:
         record = TrialRecord.from_outcome(
             outcome, task=task.name, category=task.category, attempt=attempt, agent=self.agent
         )
@@ -105,7 +104,7 @@ async def _run_pending(
     scheduler = EnvironmentScheduler(pool, config, plan.pending)
     semaphore = asyncio.Semaphore(config.concurrency)
 
-    async def one(index: int, task: Task, attempt: int) -> None:
+    async def one(index: int, task: EvalTask, attempt: int) -> None:
         try:
             prepared = await scheduler.prepared(task)
         except Exception as exc:
@@ -114,8 +113,7 @@ async def _run_pending(
         async with semaphore:
             recorder.notify("trial_start", (task.name, attempt))
             scheduler.prewarm_after(index)
-            spec = trial_spec(
-                task,
+            spec = task.rollout(
                 agent,
                 prepared,
                 timeout_s=config.task_timeout_s,

@@ -12,18 +12,19 @@ from clotho.errors import ErrorInfo
 from clotho.runs.metrics import latest
 from clotho.runs.records import EvalConfig, TrialRecord
 from clotho.runs.store import RunStore
-from clotho.tasks.harbor import Task, discover_tasks
+from clotho.tasks.base import EvalTask
+from clotho.tasks.discover import discover
 
 
 @dataclass
 class EvalPlan:
-    pending: list[tuple[Task, int]]  # (task, attempt) still to run, in order
+    pending: list[tuple[EvalTask, int]]  # (task, attempt) still to run, in order
     invalid: list[TrialRecord]  # `task` errors to record for tasks that could not be loaded
     total: int  # attempts the run has in all, done or not
 
 
-def select(tasks: list[Task], include: list[str], skip: list[str]) -> list[Task]:
-    def matches(task: Task, patterns: list[str]) -> bool:
+def select(tasks: list[EvalTask], include: list[str], skip: list[str]) -> list[EvalTask]:
+    def matches(task: EvalTask, patterns: list[str]) -> bool:
         return any(fnmatch.fnmatchcase(task.name, p) for p in patterns)
 
     chosen = [t for t in tasks if not include or matches(t, include)]
@@ -32,7 +33,7 @@ def select(tasks: list[Task], include: list[str], skip: list[str]) -> list[Task]
 
 async def plan_eval(config: EvalConfig, store: RunStore, resume: bool) -> EvalPlan:
     """Discovery (file reads, dataset rows unpacked) runs off the event loop."""
-    tasks, task_errors = await asyncio.to_thread(discover_tasks, [Path(p) for p in config.paths])
+    tasks, task_errors = await asyncio.to_thread(discover, [Path(p) for p in config.paths])
     tasks = select(tasks, config.filter, config.skip)
     previous = latest(await asyncio.to_thread(store.load_records)) if resume else {}
     # Only what may change on a retry runs again (infra failures say nothing about the agent).

@@ -9,12 +9,11 @@ from types import TracebackType
 from clotho.runs.records import EvalConfig
 from clotho.sandbox import PreparedEnvironment
 from clotho.sandbox.pool import SlotPool
-from clotho.tasks.environment import environment_spec
-from clotho.tasks.harbor import Task
+from clotho.tasks.base import EvalTask
 
 
 class EnvironmentScheduler:
-    def __init__(self, pool: SlotPool, config: EvalConfig, pending: list[tuple[Task, int]]):
+    def __init__(self, pool: SlotPool, config: EvalConfig, pending: list[tuple[EvalTask, int]]):
         self.pool = pool
         self.config = config
         self.pending = pending
@@ -43,7 +42,7 @@ class EnvironmentScheduler:
             else:
                 future.cancel()
 
-    async def prepared(self, task: Task) -> PreparedEnvironment:
+    async def prepared(self, task: EvalTask) -> PreparedEnvironment:
         return await asyncio.shield(self._futures[task.name])
 
     def prewarm_after(self, index: int) -> None:
@@ -61,9 +60,10 @@ class EnvironmentScheduler:
             if future.done():
                 continue
             try:
-                spec = environment_spec(task)
                 prepared = await self.pool.prepare(
-                    self.config.sandbox, spec, force_build=self.config.force_build
+                    self.config.sandbox,
+                    task.environment_spec(),
+                    force_build=self.config.force_build,
                 )
             except Exception as exc:
                 future.set_exception(exc)

@@ -1,54 +1,71 @@
-"""One attempt at one task as a rollout: the task's workspace, instruction and tests."""
+"""One attempt at one task as a rollout: a Harbor task's workspace, instruction and tests, and
+the attempt of any `EvalTask` in a sandbox its backend prepared."""
 
 from __future__ import annotations
 
 from clotho.agent.base import Agent
 from clotho.agent.result import AgentResult
 from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_rollout
-from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
+from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.sandbox.pool import SlotPool
+from clotho.tasks.base import EvalTask
 from clotho.tasks.environment import environment_spec, upload_workspace
 from clotho.tasks.harbor import Task
 from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
-
 
 # Beyond the agent's and the verifier's own limits: sandbox start, workspace, image facts.
 SETUP_MARGIN_S = 300.0
 
 
-def trial_spec(
-    task: Task,
-    agent: Agent,
-    prepared: PreparedEnvironment,
-    *,
-    timeout_s: float | None = None,
-    labels: dict[str, str] | None = None,
-    pass_threshold: float = 1.0,
-) -> RolloutSpec:
-    """The rollout of `agent` on `task` in a sandbox the backend prepared for it."""
+class HarborTrial:
+    """A Harbor task as an `EvalTask`: its environment/, instruction.md and tests/."""
 
-    baseline: list[ProgramDigests] = []  # taken in the sandbox before the agent starts
+    def __init__(self, task: Task) -> None:
+        self.task = task
 
-    async def prepare(sandbox: Sandbox) -> None:
-        if not prepared.workspace_in_image:
-            await upload_workspace(task, sandbox)
-        baseline.append(await program_digests(task, sandbox))
+    @property
+    def name(self) -> str:
+        return self.task.name
 
-    async def verify(sandbox: Sandbox, result: AgentResult) -> VerifierOutcome:
-        return await run_verifier(task, sandbox, baseline[-1])
+    @property
+    def category(self) -> str:
+        return self.task.category
 
-    return RolloutSpec(
-        sandbox=prepared.config,
-        agent=agent,
-        instruction=lambda: task.instruction,
-        prepare=prepare,
-        verify=verify,
-        labels={**(labels or {}), "clotho.task": task.name},
-        timeout_s=timeout_s if timeout_s is not None else default_timeout_s(task),
-        agent_time_limit_s=task.config.agent.timeout_sec,
-        solution_dir=task.solution_dir if task.solution_dir.is_dir() else None,
-        pass_threshold=pass_threshold,
-    )
+    def environment_spec(self) -> EnvironmentSpec:
+        return environment_spec(self.task)
+
+    def rollout(
+        self,
+        agent: Agent,
+        prepared: PreparedEnvironment,
+        *,
+        timeout_s: float | None = None,
+        labels: dict[str, str] | None = None,
+        pass_threshold: float = 1.0,
+    ) -> RolloutSpec:
+        task = self.task
+        baseline: list[ProgramDigests] = []  # taken in the sandbox before the agent starts
+
+        async def prepare(sandbox: Sandbox) -> None:
+            if not prepared.workspace_in_image:
+                await upload_workspace(task, sandbox)
+            baseline.append(await program_digests(task, sandbox))
+
+        async def verify(sandbox: Sandbox, result: AgentResult) -> VerifierOutcome:
+            return await run_verifier(task, sandbox, baseline[-1])
+
+        return RolloutSpec(
+            sandbox=prepared.config,
+            agent=agent,
+            instruction=lambda: task.instruction,
+            prepare=prepare,
+            verify=verify,
+            labels={**(labels or {}), "clotho.task": task.name},
+            timeout_s=timeout_s if timeout_s is not None else default_timeout_s(task),
+            agent_time_limit_s=task.config.agent.timeout_sec,
+            solution_dir=task.solution_dir if task.solution_dir.is_dir() else None,
+            pass_threshold=pass_threshold,
+        )
 
 
 def default_timeout_s(task: Task) -> float:
@@ -57,7 +74,7 @@ def default_timeout_s(task: Task) -> float:
 
 
 async def run_trial(
-    task: Task,
+    task: EvalTask,
     agent: Agent,
     base: SandboxConfig,
     pool: SlotPool,
@@ -68,10 +85,10 @@ async def run_trial(
 ) -> RolloutOutcome:
     """Prepare the task's sandbox (its image, its limits) and run one rollout in it."""
     try:
-        prepared = await pool.prepare(base, environment_spec(task))
+        prepared = await pool.prepare(base, task.environment_spec())
     except Exception as exc:
         return RolloutOutcome.failed(exc, "environment")
-    spec = trial_spec(
-        task, agent, prepared, timeout_s=timeout_s, labels=labels, pass_threshold=pass_threshold
+    spec = task.rollout(
+        agent, prepared, timeout_s=timeout_s, labels=labels, pass_threshold=pass_threshold
     )
     return await run_rollout(spec, pool)

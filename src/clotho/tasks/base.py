@@ -1,0 +1,36 @@
+"""What `clotho eval` and `clotho check` run: any task format that can say what sandbox it
+needs and how one attempt at it goes (its workspace, instruction and verdict)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from clotho.agent.base import Agent
+from clotho.rollout import RolloutSpec
+from clotho.sandbox import EnvironmentSpec, PreparedEnvironment
+
+
+class EvalTask(Protocol):
+    """A Harbor task directory, a dataset row, a SWE instance: one thing to attempt."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def category(self) -> str: ...
+
+    def environment_spec(self) -> EnvironmentSpec:
+        """What the task asks of its sandbox (image or build context, limits)."""
+        ...
+
+    def rollout(
+        self,
+        agent: Agent,
+        prepared: PreparedEnvironment,
+        *,
+        timeout_s: float | None = None,
+        labels: dict[str, str] | None = None,
+        pass_threshold: float = 1.0,
+    ) -> RolloutSpec:
+        """One attempt of `agent` at the task, in the sandbox the backend prepared."""
+        ...
