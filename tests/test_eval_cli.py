@@ -246,3 +246,16 @@ def test_bad_flags_get_a_clear_message(examples_dir: Path, flag: list[str], says
     proc = clotho("eval", str(examples_dir), *flag)
     assert proc.returncode == 2, proc.stderr
     assert says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_messages_with_brackets_print_as_written(tmp_path: Path) -> None:
+    """Rich must not read a path or a hint like `clotho-rl[api]` as markup and drop it."""
+    from typer.testing import CliRunner
+
+    from clotho.cli.main import app
+
+    missing = tmp_path / "tasks[api]"
+    result = CliRunner().invoke(app, ["check", str(missing)])
+    assert "tasks[api]" in result.output
+    bad = CliRunner().invoke(app, ["eval", str(tmp_path), "--set", "agent='a[x]'"])
+    assert bad.exit_code == 2 and "a[x]" in bad.output

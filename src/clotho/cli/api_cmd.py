@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from clotho.cli.signals import Terminated, cancel_on_signals
 from clotho.errors import ClothoError
@@ -87,7 +88,7 @@ def api_command(
         from clotho.trainers.server import ApiServer
         from clotho.trainers.state import ApiSettings
     except ImportError:
-        console.print(f"[red]error:[/] {INSTALL_HINT}")
+        console.print(f"[red]error:[/] {escape(INSTALL_HINT)}")
         raise typer.Exit(2) from None
     logging.basicConfig(
         level=logging.INFO,
@@ -133,5 +134,5 @@ def api_command(
     except (KeyboardInterrupt, Terminated):
         console.print("stopped")
     except ClothoError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -11,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clotho.cli.signals import Terminated, cancel_on_signals
+from clotho.cli.running import run_async
 from clotho.runs.check import check_tasks
 from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig, UnsafeLocalSandboxConfig
 
@@ -31,13 +30,9 @@ def check_command(
         "unsafe-local": UnsafeLocalSandboxConfig,
         "docker": DockerSandboxConfig,
     }
-    try:
-        checks, errors = asyncio.run(
-            cancel_on_signals(check_tasks(paths, configs[sandbox](), concurrency))
-        )
-    except (KeyboardInterrupt, Terminated):
-        console.print("[yellow]interrupted[/]")
-        raise typer.Exit(130) from None
+    checks, errors = run_async(
+        check_tasks(paths, configs[sandbox](), concurrency), console, interrupted="nothing kept"
+    )
     table = Table(title="task check")
     for column in ("task", "oracle", "nop", "verdict"):
         table.add_column(column)

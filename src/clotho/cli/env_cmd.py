@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
-from rich.markup import escape
 
 from clotho.cli.config_io import apply_sets, load_config_file, merge
-from clotho.cli.signals import Terminated, cancel_on_signals
+from clotho.cli.running import run_async
 from clotho.env.base import Environment
 from clotho.env.driver import produce_groups
 from clotho.env.registry import load_environment
 from clotho.env.scored import ScoredGroup
-from clotho.errors import ClothoError, ConfigError, describe_validation_error
+from clotho.errors import ConfigError
 
 console = Console(stderr=True)
 
@@ -58,18 +56,8 @@ def build_environment(
     return cls(cls.config_cls.model_validate(data))
 
 
-def _run(main: Any) -> None:
-    try:
-        asyncio.run(cancel_on_signals(main))
-    except (KeyboardInterrupt, Terminated):
-        console.print("[yellow]interrupted[/]: what finished is kept")
-        raise typer.Exit(130) from None
-    except ValidationError as exc:
-        console.print(f"[red]invalid configuration:[/] {escape(describe_validation_error(exc))}")
-        raise typer.Exit(2) from None
-    except ClothoError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    run_async(main, console, interrupted="what finished is kept")
 
 
 def process_command(

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from clotho.cli.config_io import apply_sets, load_config_file, merge, resumed
-from clotho.cli.signals import Terminated, cancel_on_signals
-from clotho.errors import UNSCORED_KINDS, ClothoError, ConfigError, describe_validation_error
+from clotho.cli.running import run_async, user_errors
+from clotho.errors import UNSCORED_KINDS, ConfigError
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
 
@@ -186,7 +184,7 @@ def eval_command(
     Settings come from --config, then the flags, then --set overrides; the resolved
     configuration is written to the run directory as config.json.
     """
-    try:
+    with user_errors(console):
         data = load_config_file(config) if config else {}
         flags: dict[str, Any] = {
             "paths": [str(p) for p in paths] if paths else None,
@@ -229,12 +227,6 @@ def eval_command(
             raise ConfigError("give at least one task path (argument or `paths:` in --config)")
         data.setdefault("sandbox", {}).setdefault("backend", "local")
         eval_config = EvalConfig.model_validate(data)
-    except ValidationError as exc:
-        console.print(f"[red]invalid configuration:[/] {escape(describe_validation_error(exc))}")
-        raise typer.Exit(2) from None
-    except ClothoError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
     out = out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{eval_config.agent}"
     progress = Progress(
         TextColumn("[bold]{task.description}"),
@@ -244,20 +236,11 @@ def eval_command(
         TimeElapsedColumn(),
         console=console,
     )
-    try:
-        with progress:
-            metrics = asyncio.run(
-                cancel_on_signals(
-                    run_eval(eval_config, out, resume=resume, listener=_Live(progress))
-                )
-            )
-    except (KeyboardInterrupt, Terminated):
-        console.print(
-            f"[yellow]interrupted[/]: finished attempts are kept in {out}; "
-            f"continue with: clotho eval --out {out} --resume"
+    with progress:
+        metrics = run_async(
+            run_eval(eval_config, out, resume=resume, listener=_Live(progress)),
+            console,
+            interrupted=f"finished attempts are kept in {out}; "
+            f"continue with: clotho eval --out {out} --resume",
         )
-        raise typer.Exit(130) from None
-    except ClothoError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
     print_report(metrics, out)

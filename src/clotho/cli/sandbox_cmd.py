@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from clotho.sandbox.backends import LocalBackend, SandboxBackend
@@ -107,7 +108,7 @@ def ls_command(state_dir: StateDir = None, docker_url: DockerUrl = None) -> None
         )  # fmt: skip
     console.print(table)
     for problem in problems:
-        console.print(f"[yellow]not listed:[/] {problem}")
+        console.print(f"[yellow]not listed:[/] {escape(problem)}")
 
 
 async def _gc(
@@ -145,4 +146,4 @@ def gc_command(
     removed, problems = asyncio.run(_gc(state_dir, docker_url, all_))
     console.print(f"removed {removed} sandbox(es)")
     for problem in problems:
-        console.print(f"[yellow]not checked:[/] {problem}")
+        console.print(f"[yellow]not checked:[/] {escape(problem)}")

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from clotho.errors import ClothoError
 
@@ -31,12 +32,12 @@ def serve_model_command(
         from clotho.chat.local_model import load_embedded_model
         from clotho.chat.token_server import serve
     except ImportError:
-        console.print(f"[red]error:[/] {INSTALL_HINT}")
+        console.print(f"[red]error:[/] {escape(INSTALL_HINT)}")
         raise typer.Exit(2) from None
     try:
         client, _ = load_embedded_model(gguf, n_ctx=n_ctx)
     except ClothoError as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     console.print(
         f"serving {client.model_path.name} (context {client.n_ctx}) on http://{host}:{port}"

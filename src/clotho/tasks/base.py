@@ -3,11 +3,19 @@ needs and how one attempt at it goes (its workspace, instruction and verdict).""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 from clotho.agent.base import Agent
 from clotho.rollout import RolloutSpec
 from clotho.sandbox import EnvironmentSpec, PreparedEnvironment
+
+
+class TrialOptions(TypedDict, total=False):
+    """How one attempt runs, whatever the task format."""
+
+    timeout_s: float | None  # wall clock of agent + verification (None: the task's default)
+    labels: dict[str, str]  # put on the sandbox
+    pass_threshold: float  # reward >= this passes (default 1.0)
 
 
 class EvalTask(Protocol):
@@ -24,13 +32,7 @@ class EvalTask(Protocol):
         ...
 
     def rollout(
-        self,
-        agent: Agent,
-        prepared: PreparedEnvironment,
-        *,
-        timeout_s: float | None = None,
-        labels: dict[str, str] | None = None,
-        pass_threshold: float = 1.0,
+        self, agent: Agent, prepared: PreparedEnvironment, **options: Unpack[TrialOptions]
     ) -> RolloutSpec:
         """One attempt of `agent` at the task, in the sandbox the backend prepared."""
         ...

@@ -3,12 +3,14 @@ the attempt of any `EvalTask` in a sandbox its backend prepared."""
 
 from __future__ import annotations
 
+from typing import Unpack
+
 from clotho.agent.base import Agent
 from clotho.agent.result import AgentResult
 from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_rollout
 from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.sandbox.pool import SlotPool
-from clotho.tasks.base import EvalTask
+from clotho.tasks.base import EvalTask, TrialOptions
 from clotho.tasks.environment import environment_spec, upload_workspace
 from clotho.tasks.harbor import Task
 from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
@@ -35,15 +37,10 @@ class HarborTrial:
         return environment_spec(self.task)
 
     def rollout(
-        self,
-        agent: Agent,
-        prepared: PreparedEnvironment,
-        *,
-        timeout_s: float | None = None,
-        labels: dict[str, str] | None = None,
-        pass_threshold: float = 1.0,
+        self, agent: Agent, prepared: PreparedEnvironment, **options: Unpack[TrialOptions]
     ) -> RolloutSpec:
         task = self.task
+        timeout_s = options.get("timeout_s")
         baseline: list[ProgramDigests] = []  # taken in the sandbox before the agent starts
 
         async def prepare(sandbox: Sandbox) -> None:
@@ -60,11 +57,11 @@ class HarborTrial:
             instruction=lambda: task.instruction,
             prepare=prepare,
             verify=verify,
-            labels={**(labels or {}), "clotho.task": task.name},
+            labels={**options.get("labels", {}), "clotho.task": task.name},
             timeout_s=timeout_s if timeout_s is not None else default_timeout_s(task),
             agent_time_limit_s=task.config.agent.timeout_sec,
             solution_dir=task.solution_dir if task.solution_dir.is_dir() else None,
-            pass_threshold=pass_threshold,
+            pass_threshold=options.get("pass_threshold", 1.0),
         )
 
 
@@ -78,17 +75,11 @@ async def run_trial(
     agent: Agent,
     base: SandboxConfig,
     pool: SlotPool,
-    *,
-    timeout_s: float | None = None,
-    labels: dict[str, str] | None = None,
-    pass_threshold: float = 1.0,
+    **options: Unpack[TrialOptions],
 ) -> RolloutOutcome:
     """Prepare the task's sandbox (its image, its limits) and run one rollout in it."""
     try:
         prepared = await pool.prepare(base, task.environment_spec())
     except Exception as exc:
         return RolloutOutcome.failed(exc, "environment")
-    spec = task.rollout(
-        agent, prepared, timeout_s=timeout_s, labels=labels, pass_threshold=pass_threshold
-    )
-    return await run_rollout(spec, pool)
+    return await run_rollout(task.rollout(agent, prepared, **options), pool)
