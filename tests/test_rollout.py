@@ -72,6 +72,11 @@ async def test_a_rollout_passes_and_releases_its_sandbox() -> None:
     assert outcome.phase == "done" and outcome.valid
     assert agent.instructions == ["write the marker"]
     assert outcome.messages == [{"role": "user", "content": "write the marker"}]
+    timings = outcome.timings
+    assert min(timings.acquire_s, timings.agent_s, timings.verify_s, timings.release_s) > 0
+    assert timings.acquire_s + timings.setup_s + timings.agent_s + timings.verify_s <= (
+        outcome.duration_s
+    )
 
 
 def _raise(exc: BaseException) -> Any:

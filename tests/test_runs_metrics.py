@@ -66,3 +66,29 @@ def test_wilson_interval_contains_the_rate() -> None:
     lo, hi = wilson_interval(7, 10)
     assert lo < 0.7 < hi
     assert wilson_interval(0, 0) is None
+
+
+def test_phase_timings_have_totals_and_quantiles() -> None:
+    from clotho.rollout import PhaseTimings
+    from clotho.runs.metrics import phase_timings
+
+    records = [
+        TrialRecord(
+            task=f"t{i}",
+            category="c",
+            attempt=0,
+            reward=1.0,
+            passed=True,
+            agent="a",
+            duration_s=float(i),
+            timings=PhaseTimings(agent_s=float(i), verify_s=0.5),
+        )
+        for i in range(1, 21)
+    ]
+    records.append(TrialRecord(task="bad", category="invalid", attempt=0, reward=None,
+                               passed=False, agent="a"))  # fmt: skip
+    stats = phase_timings(records)
+    assert set(stats) == {"agent_s", "verify_s"}  # phases that took no time are left out
+    assert stats["agent_s"].total_s == 210.0
+    assert (stats["agent_s"].p50_s, stats["agent_s"].p95_s) == (10.0, 19.0)
+    assert stats["verify_s"].p50_s == 0.5  # the invalid task (no time at all) is not counted

@@ -102,6 +102,14 @@ def print_report(metrics: RunMetrics, out: Path) -> None:
             + ", ".join(f"{k} {v}" for k, v in sorted(metrics.errors.items()))
             + f" ({' and '.join(sorted(UNSCORED_KINDS))} errors are not counted in the pass rate)"
         )
+    if metrics.timings:
+        console.print(
+            "time per attempt (p50 / p95): "
+            + ", ".join(
+                f"{phase.removesuffix('_s')} {t.p50_s:.2f} / {t.p95_s:.2f} s"
+                for phase, t in metrics.timings.items()
+            )
+        )
     console.print(f"results in {out}")
 
 

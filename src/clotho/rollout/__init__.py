@@ -4,7 +4,14 @@
 `run_rollout`, and all of them get a `RolloutOutcome` back.
 """
 
-from clotho.rollout.outcome import Phase, RolloutOutcome, VerifierOutcome
+from clotho.rollout.outcome import Phase, PhaseTimings, RolloutOutcome, VerifierOutcome
 from clotho.rollout.run import RolloutSpec, run_rollout
 
-__all__ = ["Phase", "RolloutOutcome", "RolloutSpec", "VerifierOutcome", "run_rollout"]
+__all__ = [
+    "Phase",
+    "PhaseTimings",
+    "RolloutOutcome",
+    "RolloutSpec",
+    "VerifierOutcome",
+    "run_rollout",
+]

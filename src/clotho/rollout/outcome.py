@@ -22,6 +22,18 @@ class VerifierOutcome(BaseModel):
     duration_s: float = 0.0
 
 
+class PhaseTimings(BaseModel):
+    """Seconds spent in each phase of one attempt: where the time goes."""
+
+    acquire_s: float = 0.0
+    setup_s: float = 0.0
+    agent_s: float = 0.0
+    model_s: float = Field(0.0, description="the agent's time waiting for the model")
+    tools_s: float = Field(0.0, description="the agent's time running tools")
+    verify_s: float = 0.0
+    release_s: float = 0.0
+
+
 class RolloutOutcome(BaseModel):
     """One attempt, scored or failed with the kind of failure. `phase` is where it ended."""
 
@@ -33,6 +45,7 @@ class RolloutOutcome(BaseModel):
     verifier: VerifierOutcome | None = None
     phase: Phase = "acquire"
     duration_s: float = 0.0
+    timings: PhaseTimings = Field(default_factory=PhaseTimings)
 
     @classmethod
     def failed(cls, exc: BaseException, what: str) -> RolloutOutcome:

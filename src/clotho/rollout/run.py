@@ -113,8 +113,23 @@ def _error(exc: Exception, phase: Phase) -> ErrorInfo:
     return ErrorInfo(kind=kind, message=f"{phase}: {type(exc).__name__}: {exc}")
 
 
+class _Clock:
+    """Charges the time since the last mark to the phase that just ended."""
+
+    def __init__(self, outcome: RolloutOutcome) -> None:
+        self.outcome = outcome
+        self.last = time.perf_counter()
+
+    def mark(self, field: str) -> None:
+        now = time.perf_counter()
+        setattr(self.outcome.timings, field, now - self.last)
+        self.last = now
+
+
 async def _phases(spec: RolloutSpec, pool: SlotPool, outcome: RolloutOutcome) -> None:
+    clock = _Clock(outcome)
     sandbox = await pool.acquire(spec.sandbox, labels=spec.labels)
+    clock.mark("acquire_s")
     try:
         outcome.phase = "setup"
         if spec.prepare is not None:
@@ -125,13 +140,20 @@ async def _phases(spec: RolloutSpec, pool: SlotPool, outcome: RolloutOutcome) ->
             time_limit_s=spec.agent_time_limit_s,
             solution_dir=spec.solution_dir,
         )
+        clock.mark("setup_s")
         outcome.phase = "agent"
         outcome.agent = await spec.agent.run(context)
+        clock.mark("agent_s")
+        outcome.timings.model_s = sum(t.model_s for t in outcome.agent.timings)
+        outcome.timings.tools_s = sum(t.tools_s for t in outcome.agent.timings)
         if outcome.agent.stop_reason == "model_error":
             outcome.error = ErrorInfo(kind="infra", message=outcome.agent.error or "model error")
             return
         outcome.phase = "verify"
         outcome.verifier = await spec.verify(sandbox, outcome.agent)
+        clock.mark("verify_s")
         outcome.phase = "done"
     finally:
+        clock.last = time.perf_counter()  # an interrupted phase keeps what it had so far
         await asyncio.shield(pool.release(sandbox))
+        clock.mark("release_s")

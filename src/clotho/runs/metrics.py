@@ -6,7 +6,8 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from clotho.runs.records import CategoryMetrics, RunMetrics, TrialRecord
+from clotho.rollout import PhaseTimings
+from clotho.runs.records import CategoryMetrics, RunMetrics, TimingStats, TrialRecord
 
 
 def wilson_interval(passed: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
@@ -31,6 +32,27 @@ def latest(records: Iterable[TrialRecord]) -> dict[tuple[str, int], TrialRecord]
     out: dict[tuple[str, int], TrialRecord] = {}
     for record in records:
         out[record.key] = record
+    return out
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """The nearest-rank quantile: a value some attempt really took."""
+    index = max(0, math.ceil(q * len(sorted_values)) - 1)
+    return sorted_values[index]
+
+
+def phase_timings(records: Iterable[TrialRecord]) -> dict[str, TimingStats]:
+    """Totals, p50 and p95 of each phase over the attempts that ran (not invalid tasks)."""
+    ran = [r.timings.model_dump() for r in records if r.duration_s > 0]
+    out: dict[str, TimingStats] = {}
+    for phase in PhaseTimings.model_fields:
+        values = sorted(t[phase] for t in ran)
+        if values and values[-1] > 0:
+            out[phase] = TimingStats(
+                total_s=round(sum(values), 3),
+                p50_s=round(_quantile(values, 0.5), 4),
+                p95_s=round(_quantile(values, 0.95), 4),
+            )
     return out
 
 
@@ -63,6 +85,7 @@ def compute_metrics(records: Iterable[TrialRecord], attempts: int = 1) -> RunMet
             for name, rs in sorted(by_cat.items())
         },
         errors=dict(errors),
+        timings=phase_timings(final),
     )
     if attempts > 1:
         per_task: dict[str, list[TrialRecord]] = defaultdict(list)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
 from clotho.errors import ErrorInfo
-from clotho.rollout import RolloutOutcome, VerifierOutcome
+from clotho.rollout import PhaseTimings, RolloutOutcome, VerifierOutcome
 from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
 
 
@@ -59,6 +59,7 @@ class TrialRecord(BaseModel):
     tool_errors: int = 0
     duration_s: float = 0.0
     agent: str
+    timings: PhaseTimings = Field(default_factory=PhaseTimings)
     detail: str | None = Field(None, description="path of the TrialDetail file, relative to DIR")
     finished_at: float = 0.0
 
@@ -89,6 +90,9 @@ class TrialRecord(BaseModel):
             tool_calls=result.tool_calls if result else 0,
             tool_errors=len(result.tool_errors) if result else 0,
             duration_s=round(outcome.duration_s, 3),
+            timings=outcome.timings.model_copy(
+                update={k: round(v, 4) for k, v in outcome.timings.model_dump().items()}
+            ),
             agent=agent,
             finished_at=time.time(),
         )
@@ -113,6 +117,12 @@ class CategoryMetrics(BaseModel):
     n_passed: int
 
 
+class TimingStats(BaseModel):
+    total_s: float
+    p50_s: float
+    p95_s: float
+
+
 class RunMetrics(BaseModel):
     schema_version: Literal[1] = 1
     pass_rate: float | None = Field(
@@ -128,4 +138,7 @@ class RunMetrics(BaseModel):
     errors: dict[str, int]
     pass_at_k: dict[str, float] | None = None
     duration_s: float | None = None
+    timings: dict[str, TimingStats] = Field(
+        default_factory=dict, description="per phase (acquire_s, agent_s, ...) over attempts"
+    )
     extra: dict[str, Any] = Field(default_factory=dict)
