@@ -27,6 +27,7 @@ from clotho.sandbox.config import (
     UnsafeLocalSandboxConfig,
 )
 from clotho.sandbox.leases import SandboxRecord, local_records, remove_local
+from clotho.sandbox.remote_config import RaySandboxConfig
 
 DEFAULT_LEASE_S = 6 * 3600.0
 
@@ -163,6 +164,8 @@ def backend_key(config: SandboxConfig, *, docker_url: str | None = None) -> str:
     state folder). `docker_url` is the default for configs that name none."""
     if isinstance(config, DockerSandboxConfig):
         return f"docker {config.docker_url or docker_url or ''}"
+    if isinstance(config, RaySandboxConfig):
+        return f"ray {config.address} {config.namespace} {backend_key(config.inner)}"
     return f"{config.backend} {config.state_dir or ''}"
 
 
@@ -176,4 +179,8 @@ def make_backend(config: SandboxConfig, *, docker_url: str | None = None) -> San
         from clotho.sandbox.docker.backend import DockerBackend
 
         return DockerBackend(config.docker_url or docker_url, state_dir=config.state_dir)
+    if isinstance(config, RaySandboxConfig):
+        from clotho.sandbox.ray.backend import RayBackend
+
+        return RayBackend(config)
     raise TypeError(f"unknown sandbox config: {type(config).__name__}")

@@ -77,8 +77,12 @@ class DockerSandboxConfig(_Common):
     )
 
 
+# Backends that place sandboxes beyond this host: their configs (remote_config.py) name a
+# cluster and wrap the models above, so they are imported once those exist.
+from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
+
 SandboxConfig = Annotated[
-    LocalSandboxConfig | UnsafeLocalSandboxConfig | DockerSandboxConfig,
+    LocalSandboxConfig | UnsafeLocalSandboxConfig | DockerSandboxConfig | RaySandboxConfig,
     Field(discriminator="backend"),
 ]
 

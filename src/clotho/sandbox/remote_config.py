@@ -1,0 +1,123 @@
+"""Configs of the backends that place sandboxes beyond this host: Ray, Modal, Nomad.
+
+They are members of the `SandboxConfig` union (`config.py`), kept apart because each names a
+cluster rather than a host. `config.py` imports this module after its own models exist, and
+this module imports those models from it: importing either first works (the package's
+`__init__` loads `config.py` before anything else).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from clotho.sandbox.config import (
+    DockerSandboxConfig,
+    LocalSandboxConfig,
+    UnsafeLocalSandboxConfig,
+)
+
+InnerConfig = Annotated[
+    LocalSandboxConfig | UnsafeLocalSandboxConfig | DockerSandboxConfig,
+    Field(discriminator="backend"),
+]
+
+
+class RaySandboxConfig(BaseModel):
+    """Sandboxes spread over a Ray cluster: one host actor per node runs `inner` sandboxes
+    (bubblewrap, Docker) on its node; commands and files go through the actor."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["ray"] = "ray"
+    address: str = Field(
+        "auto", description="Ray cluster address (`auto`: the cluster this host belongs to)"
+    )
+    namespace: str = Field("clotho", description="Ray namespace of the host actors")
+    inner: InnerConfig = Field(
+        default_factory=LocalSandboxConfig,
+        description="the sandbox each node runs, as on one machine",
+    )
+    node_resource: str | None = Field(
+        None,
+        description="only nodes offering this custom resource host sandboxes (default: every "
+        "alive node)",
+    )
+    max_per_node: int | None = Field(
+        None, ge=1, description="sandboxes open at once on one node (default: no limit)"
+    )
+    call_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="limit on a host call beyond the command's own timeout (a lost node is "
+        "noticed by Ray at once; this bounds a hung one)",
+    )
+
+    # The pool and the sandboxes read these like any config's.
+    @property
+    def workdir(self) -> str:
+        return self.inner.workdir
+
+    @property
+    def state_dir(self) -> str | None:
+        return self.inner.state_dir
+
+
+class ModalSandboxConfig(BaseModel):
+    """Modal sandboxes, N slots each, through Modal's async SDK (extra `modal`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["modal"] = "modal"
+    app_name: str = Field("clotho-sandboxes", description="Modal app the sandboxes belong to")
+    image: str | None = Field(
+        "python:3.11-slim",
+        description="registry image; a task's Dockerfile (EnvironmentSpec.context) wins",
+    )
+    workdir: str = "/app"
+    env: dict[str, str] = Field(default_factory=dict)
+    state_dir: str | None = None
+    cpu: float = Field(1.0, gt=0)
+    memory_mb: int = Field(2048, gt=0)
+    gpu: str | None = None
+    secrets: list[str] = Field(default_factory=list, description="Modal secret names")
+    slots_per_sandbox: int = Field(1, ge=1, le=256)
+    min_sandboxes: int = Field(0, ge=0, description="sandboxes kept warm")
+    max_sandboxes: int = Field(16, ge=1)
+    idle_timeout_s: float = Field(300.0, gt=0, description="a sandbox with no slot in use")
+    max_lifetime_s: float = Field(
+        6 * 3600.0, gt=0, description="no new slot after half of it; never ends a used slot"
+    )
+    exec_timeout_s: float = Field(600.0, gt=0, description="default per-command limit")
+    reuse: bool = Field(True, description="reuse a named live sandbox when its labels match")
+
+
+class NomadSandboxConfig(BaseModel):
+    """A Nomad job per pool: a sandbox server per allocation, N slots each (extra `nomad`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["nomad"] = "nomad"
+    address: str = Field("http://127.0.0.1:4646", description="Nomad HTTP API")
+    token_env: str = Field("NOMAD_TOKEN", description="environment variable with the ACL token")
+    job_id: str = "clotho-sandbox"
+    datacenters: list[str] = Field(default_factory=lambda: ["dc1"])
+    driver: Literal["docker", "raw_exec"] = Field(
+        "docker", description="raw_exec: the server runs under Singularity/Apptainer"
+    )
+    image: str = Field("clotho/sandbox-server:latest", description="docker image or SIF path")
+    server_port: int = Field(8080, description="port inside the allocation (mapped dynamically)")
+    workdir: str = "/app"
+    env: dict[str, str] = Field(default_factory=dict)
+    state_dir: str | None = None
+    cpu_mhz: int = Field(1000, gt=0)
+    memory_mb: int = Field(2048, gt=0)
+    slots_per_allocation: int = Field(8, ge=1, le=256)
+    min_allocations: int = Field(1, ge=0)
+    max_allocations: int = Field(16, ge=1)
+    idle_timeout_s: float = Field(300.0, gt=0)
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="per request, added to the command's own timeout"
+    )
+    scale_cooldown_s: float = Field(10.0, ge=0)

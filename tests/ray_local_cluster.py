@@ -1,0 +1,161 @@
+"""A real Ray cluster on 127.0.0.1 for the tests and `clotho bench scale`: a head and worker
+nodes, each a `ray start` of its own with its own custom resource (`clotho_nodeK`).
+
+Each node's daemons share the process group of the `ray start` that launched them (started
+in a new session); Ray's workers (the actors) are children of the node's raylet in groups
+of their own. `kill_node` and `stop` end exactly these processes, by id, and `leftovers`
+says whether any survived: nothing else on the machine is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if fields[0] == "Z":
+            continue
+        tree.setdefault(int(fields[1]), []).append(int(entry))
+    return tree
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class LocalRayCluster:
+    """`nodes` Ray nodes on this machine (node 0 is the head), 1 CPU each."""
+
+    def __init__(self, nodes: int = 3) -> None:
+        self.nodes = nodes
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="clotho-ray-", dir="/tmp"))
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.groups: list[int] = []  # process group of each node's daemons
+        self.ray = str(Path(sys.executable).parent / "ray")
+        self._seen: set[int] = set()
+
+    def _start(self, index: int) -> None:
+        args = [
+            self.ray,
+            "start",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=1",
+            f"--resources={json.dumps({f'clotho_node{index}': 1})}",
+            "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={_free_port()}",
+        ]
+        if index == 0:
+            args += [
+                "--head",
+                f"--port={self.port}",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={_free_port()}",
+                f"--temp-dir={self.temp_dir}",
+            ]
+        else:
+            args += [f"--address={self.address}"]
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env=env,
+        )
+        self.groups.append(proc.pid)
+        out, _ = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ray start (node {index}) failed:\n{out[-3000:]}")
+
+    def start(self) -> LocalRayCluster:
+        try:
+            for index in range(self.nodes):
+                self._start(index)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def node_processes(self, index: int) -> set[int]:
+        """Every live process of node `index`: its daemons and their descendants (workers,
+        and the sandboxes those started)."""
+        group = self.groups[index]
+        tree = _children()
+        roots = [pid for pids in tree.values() for pid in pids if _pgid(pid) == group]
+        found: set[int] = set()
+        stack = list(roots)
+        while stack:
+            pid = stack.pop()
+            if pid in found:
+                continue
+            found.add(pid)
+            stack.extend(tree.get(pid, []))
+        self._seen |= found
+        return found
+
+    def kill_node(self, index: int) -> None:
+        """SIGKILL every process of one node, as a machine that dies would lose them."""
+        pids = self.node_processes(index)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.groups[index], signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """End every node's processes (workers first, head last) and remove the temp dir."""
+        for index in reversed(range(len(self.groups))):
+            pids = self.node_processes(index)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and any(_alive(p) for p in pids):
+                time.sleep(0.1)
+            self.kill_node(index)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self.leftovers():
+            time.sleep(0.2)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def leftovers(self) -> list[int]:
+        """Processes of this cluster still alive (zombies aside)."""
+        return sorted(p for p in self._seen if _alive(p))

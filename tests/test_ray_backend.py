@@ -1,0 +1,197 @@
+"""The `ray` backend on a real local Ray cluster: a head and two worker nodes on 127.0.0.1,
+each its own `ray start` with its own resource, running bubblewrap sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.conftest import requires_bwrap
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
+
+from tests.ray_local_cluster import LocalRayCluster  # noqa: E402
+
+from clotho.agent.base import AgentContext  # noqa: E402
+from clotho.agent.result import AgentResult  # noqa: E402
+from clotho.rollout.outcome import VerifierOutcome  # noqa: E402
+from clotho.rollout.run import RolloutSpec, run_rollout  # noqa: E402
+from clotho.sandbox import PoolConfig, SlotPool  # noqa: E402
+from clotho.sandbox.config import LocalSandboxConfig  # noqa: E402
+from clotho.sandbox.ray import HostLost, RayBackend, RaySandbox  # noqa: E402
+from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
+
+pytestmark = requires_bwrap
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalRayCluster]:
+    started = LocalRayCluster(nodes=3).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+        assert started.leftovers() == [], "Ray processes survived the cluster's stop"
+
+
+def ray_config(cluster: LocalRayCluster, **inner: object) -> RaySandboxConfig:
+    return RaySandboxConfig(address=cluster.address, inner=LocalSandboxConfig(**inner))
+
+
+async def test_sandboxes_spread_over_nodes_and_do_everything_a_sandbox_does(
+    cluster: LocalRayCluster, tmp_path: Path
+) -> None:
+    config = ray_config(cluster)
+    async with SlotPool(PoolConfig(max_size=8), labels={"clotho.run": "ray-api"}) as pool:
+        sandboxes = [await pool.acquire(config) for _ in range(3)]
+        assert all(isinstance(s, RaySandbox) for s in sandboxes)
+        nodes = {s.node_id for s in sandboxes}  # type: ignore[attr-defined]
+        assert len(nodes) == 3, "three sandboxes on three idle nodes land one per node"
+        pids = await asyncio.gather(*(s.exec("echo $$; echo err >&2; exit 3") for s in sandboxes))
+        assert all(r.exit_code == 3 and r.stderr == "err\n" for r in pids)
+        box = sandboxes[0]
+        # state persists in the session shell, on the node
+        await box.exec("export X=41")
+        assert (await box.exec("echo $((X+1))")).stdout == "42\n"
+        assert (await box.exec("sleep 5", timeout=0.5)).timed_out
+
+        # files: small inline, big as Ray objects, binary-exact; errors keep their type
+        await box.write_file("small.txt", b"hi\n")
+        assert (await box.exec("cat small.txt")).stdout == "hi\n"
+        big = os.urandom(3 << 20)
+        await box.write_file("big.bin", big)
+        assert await box.read_file("big.bin") == big
+        with pytest.raises(OSError) as too_big:
+            await box.read_file("big.bin", max_bytes=1 << 20)
+        assert too_big.value.errno == errno.EFBIG
+        with pytest.raises(FileNotFoundError):
+            await box.read_file("missing")
+        tree = tmp_path / "tree"
+        (tree / "sub").mkdir(parents=True)
+        (tree / "sub" / "blob").write_bytes(big)
+        (tree / "a.txt").write_text("a")
+        await box.upload(tree, "/app/up")
+        assert (await box.exec("cat up/a.txt; wc -c < up/sub/blob")).stdout == f"a{len(big)}\n"
+        await box.download("/app/up", tmp_path / "back")
+        assert (tmp_path / "back" / "sub" / "blob").read_bytes() == big
+        await box.download("/app/small.txt", tmp_path / "one")
+        assert (tmp_path / "one").read_bytes() == b"hi\n"
+
+        # verification from outside the agent's session, forwarded to the node
+        other = sandboxes[1]
+        await other.write_file("/app/t.sh", b"echo fresh $X")
+        await other.exec("export X=agent; sleep 300 &")
+        digests = await other.digests(["/app/t.sh", "/app/none"])
+        assert digests["/app/none"] is None and digests["/app/t.sh"]
+        await other.stop_agent()
+        fresh = await other.exec_fresh("bash /app/t.sh", timeout=30)
+        assert fresh.stdout == "fresh\n"
+
+        backend = pool._backends[next(k for k in pool._backends if k.startswith("ray"))]
+        assert isinstance(backend, RayBackend)
+        listed = [r for r in await backend.records() if r.labels.get("clotho.run") == "ray-api"]
+        assert len(listed) == 3 and not any(r.orphaned() for r in listed)
+        for s in sandboxes:
+            await pool.release(s)
+    # the pool closed: nothing of this run is left on any node
+    async with SlotPool() as pool:
+        backend = pool._backend(config)
+        assert isinstance(backend, RayBackend)
+        left = [r for r in await backend.records() if r.labels.get("clotho.run") == "ray-api"]
+        assert left == []
+
+
+class SleepyAgent:
+    """Runs one long command, so a node can die under it."""
+
+    name = "sleepy"
+
+    def __init__(self, started: asyncio.Event, seconds: float = 10) -> None:
+        self.started = started
+        self.seconds = seconds
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        await ctx.sandbox.exec("touch /app/started")
+        self.started.set()
+        await ctx.sandbox.exec(f"sleep {self.seconds}; echo done > /app/out")
+        return AgentResult(messages=[], stop_reason="finished")
+
+
+async def _verify(sandbox: object, result: AgentResult) -> VerifierOutcome:
+    data = await sandbox.read_file("/app/out")  # type: ignore[attr-defined]
+    return VerifierOutcome(reward=1.0 if data == b"done\n" else 0.0)
+
+
+async def test_a_node_that_dies_mid_run_fails_its_rollouts_as_infra_and_others_finish(
+    cluster: LocalRayCluster,
+) -> None:
+    config = ray_config(cluster)
+    async with SlotPool(PoolConfig(max_size=8), labels={"clotho.run": "ray-death"}) as pool:
+        events = [asyncio.Event() for _ in range(3)]
+        specs = [
+            RolloutSpec(
+                sandbox=config,
+                agent=SleepyAgent(e),
+                instruction=lambda: "wait",
+                verify=_verify,
+                timeout_s=120,
+            )
+            for e in events
+        ]
+        runs = [asyncio.create_task(run_rollout(s, pool)) for s in specs]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
+        backend = next(b for k, b in pool._backends.items() if k.startswith("ray"))
+        assert isinstance(backend, RayBackend)
+        doomed = {
+            h.node_id for h in await backend.hosts() if h.hostname and h.open
+        }  # all three nodes hold one
+        assert len(doomed) == 3
+        in_use = [p.sandbox for p in pool._in_use.values()]
+        node2 = _node_of(cluster, 2)
+        on_node2 = [s for s in in_use if s.host.node_id == node2]  # type: ignore[attr-defined]
+        assert len(on_node2) == 1
+        cluster.kill_node(2)
+        outcomes = await asyncio.wait_for(asyncio.gather(*runs), 90)
+        failed = [o for o in outcomes if o.error is not None]
+        assert len(failed) == 1, [o.error for o in outcomes]
+        assert failed[0].error.kind == "infra"  # type: ignore[union-attr]
+        assert "lost" in failed[0].error.message  # type: ignore[union-attr]
+        assert sum(o.passed for o in outcomes) == 2
+        assert not await backend.healthy(on_node2[0])
+        assert await backend.healthy(in_use[0] if in_use[0] is not on_node2[0] else in_use[1])
+
+        # the retry (what --resume runs) lands on a surviving node and passes
+        retry = await run_rollout(
+            RolloutSpec(
+                sandbox=config,
+                agent=SleepyAgent(asyncio.Event(), seconds=0),
+                instruction=lambda: "wait",
+                verify=_verify,
+            ),
+            pool,
+        )
+        assert retry.passed, retry.error
+        with pytest.raises(HostLost):
+            await on_node2[0].exec("true")
+    # the surviving nodes kept nothing of the run
+    async with SlotPool() as pool:
+        backend = pool._backend(config)
+        left = [
+            r
+            for r in await backend.records()  # type: ignore[attr-defined]
+            if r.labels.get("clotho.run") == "ray-death"
+            and r.labels.get("clotho.ray-node") != node2
+        ]
+        assert left == []
+
+
+def _node_of(cluster: LocalRayCluster, index: int) -> str:
+    """The Ray node id offering `clotho_node{index}`."""
+    for node in ray.nodes():
+        if node.get("Alive") and f"clotho_node{index}" in node.get("Resources", {}):
+            return str(node["NodeID"])
+    raise AssertionError(f"no node {index}")
