@@ -12,6 +12,7 @@ from clotho.cli.env_cmd import evaluate_command, process_command, serve_command
 from clotho.cli.eval_cmd import eval_command
 from clotho.cli.sandbox_cmd import app as sandbox_app
 from clotho.cli.serve_model_cmd import serve_model_command
+from clotho.cli.view_cmd import view_command
 
 app = typer.Typer(
     name="clotho",
@@ -26,6 +27,7 @@ app.command("serve")(serve_command)
 app.command("evaluate")(evaluate_command)
 app.command("api")(api_command)
 app.command("serve-model")(serve_model_command)
+app.command("view")(view_command)
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(bench_app, name="bench")
 

@@ -1,0 +1,61 @@
+"""`clotho view --export`: one self-contained HTML file with the same views, for sharing.
+
+The page is the web app's own (same CSS and JS, inlined); what the app would fetch from the
+server is embedded as one JSON object keyed by the endpoint's path, so the JS answers its
+requests from it. No server, no network: the file opens from disk in any browser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from clotho.view.app import page
+from clotho.view.sources import GroupsSource, RunSource, Source, discover
+
+
+def snapshot(sources: list[Source], *, details: bool = True) -> dict[str, Any]:
+    """Every endpoint's answer, by path (`details=False` leaves trial details out)."""
+    routes: dict[str, Any] = {"/api/runs": [s.summary() for s in sources]}
+    for source in sources:
+        if isinstance(source, RunSource):
+            base = f"/api/run/{source.id}"
+            routes[base] = source.overview()
+            routes[base + "/trials"] = source.trials()
+            if details:
+                for i in range(len(source.records)):
+                    routes[f"{base}/trial/{i}"] = source.detail(i)
+        elif isinstance(source, GroupsSource):
+            base = f"/api/groups/{source.id}"
+            routes[base] = {"summary": source.summary(), "rows": source.group_rows()}
+            for i in range(len(source.groups)):
+                routes[f"{base}/group/{i}"] = source.group(i)
+    return {"export": True, "routes": routes}
+
+
+def render(sources: list[Source], *, details: bool = True) -> str:
+    data = json.dumps(snapshot(sources, details=details), separators=(",", ":"))
+    # Inside <script type="application/json">: "</" would end the element early.
+    return page(data.replace("</", "<\\/"), inline=True)
+
+
+def export_html(paths: list[Path], out: Path, *, details: bool = True) -> int:
+    """Write the report of these runs / group files to `out`; returns how many sources."""
+    sources = discover(paths)
+    text = render(sources, details=details)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    return len(sources)
+
+
+def write_groups_report(groups_file: Path, out: Path, stats: Any = None) -> None:
+    """What `clotho process` writes beside its JSONL: the groups' stats (why groups were
+    dropped) as `<file>.stats.json`, and the report of the file as `out`."""
+    if stats is not None:
+        dump = stats.model_dump(mode="json") if hasattr(stats, "model_dump") else stats
+        source = GroupsSource("0", groups_file)
+        source.stats_path.write_text(json.dumps(dump, indent=2) + "\n")
+    export_html([groups_file], out)
