@@ -1,0 +1,119 @@
+"""What the verifier brings into the sandbox after the agent: pytest (from this Python's own
+installation, so no image needs it and no agent could have changed it), the script that
+runs the listed tests, and how JUnit XML becomes one outcome per listed test id."""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import tarfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+RUNNER_SCRIPT = Path(__file__).with_name("runner_files") / "run_tests.py"
+# Distributions pytest needs at run time (pygments only colours output, which is off).
+PYTEST_DISTS = ("pytest", "pluggy", "iniconfig", "packaging")
+
+
+@functools.cache
+def runner_files() -> dict[str, bytes]:
+    """{relative path: bytes} of pytest's packages and the runner script (read once)."""
+    files: dict[str, bytes] = {"run_tests.py": RUNNER_SCRIPT.read_bytes()}
+    for dist in PYTEST_DISTS:
+        for entry in metadata.files(dist) or ():
+            rel = str(entry)
+            if rel.endswith(".pyc") or ".dist-info" in rel or rel.startswith(".."):
+                continue
+            if not rel.endswith((".py", ".typed")):
+                continue
+            files[rel] = Path(str(entry.locate())).read_bytes()
+    return files
+
+
+def tar_of(files: dict[str, bytes], prefix: str = "") -> bytes:
+    """An uncompressed tar of in-memory files (regular files, mode 0644)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for rel, data in files.items():
+            info = tarfile.TarInfo(f"{prefix}{rel}")
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@dataclass
+class TestCase:
+    ids: set[str]
+    outcome: str  # passed | failed | error | skipped
+    message: str = ""
+    text: str = ""  # the traceback, for failures and errors
+    nodeid: str = ""  # pytest's, when the report has xunit1's `file`
+
+
+def _module_path(file: str) -> str:
+    return file.removesuffix(".py").replace("/", ".")
+
+
+def parse_junit(xml: str) -> list[TestCase]:
+    """Every <testcase>, with the ids it may be listed under: pytest's node id (rebuilt from
+    xunit1's `file` and `classname`), `classname::name`, `classname.name` and `name`."""
+    root = ET.fromstring(xml)  # our own runner wrote it; the reader capped its size
+    cases: list[TestCase] = []
+    for case in root.iter("testcase"):
+        name = case.get("name", "")
+        classname = case.get("classname", "")
+        ids = {name, f"{classname}::{name}", f"{classname}.{name}"}
+        nodeid = f"{classname}::{name}"
+        file = case.get("file")
+        if file:
+            module = _module_path(file)
+            rest = classname[len(module) :].lstrip(".") if classname.startswith(module) else ""
+            parts = [file, *(p for p in rest.split(".") if p), name]
+            nodeid = "::".join(parts)
+            ids.add(nodeid)
+        outcome, message, text = "passed", "", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed" if child.tag == "failure" else "error"
+                message = (child.get("message") or child.text or "")[:2000]
+                text = (child.text or "")[-4000:]
+                break
+            if child.tag == "skipped":
+                kind = child.get("type", "")
+                outcome = "passed" if kind == "pytest.xfail" else "skipped"
+                message = (child.get("message") or "")[:500]
+        cases.append(TestCase(ids=ids, outcome=outcome, message=message, text=text, nodeid=nodeid))
+    return cases
+
+
+_RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
+
+
+def outcomes(listed: list[str], cases: list[TestCase]) -> dict[str, dict[str, str]]:
+    """Per listed id: its outcome (the worst over its report entries: a teardown error after
+    a pass is an error) or `not collected`."""
+    by_id: dict[str, TestCase] = {}
+    for case in cases:
+        for key in case.ids:
+            known = by_id.get(key)
+            if known is None or _RANK[case.outcome] > _RANK[known.outcome]:
+                by_id[key] = case
+    result: dict[str, dict[str, str]] = {}
+    for test in listed:
+        case = by_id.get(test)
+        if case is None:
+            result[test] = {"outcome": "not collected"}
+        else:
+            entry = {"outcome": case.outcome}
+            if case.message:
+                entry["message"] = case.message
+            result[test] = entry
+    return result
+
+
+def ids_json(ids: list[str]) -> bytes:
+    return json.dumps(ids).encode()

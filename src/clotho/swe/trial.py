@@ -1,0 +1,139 @@
+"""A SWE instance as an `EvalTask`: the repository at its base commit at /testbed, the
+problem statement as the instruction, FAIL_TO_PASS + PASS_TO_PASS as the verdict."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from pathlib import Path
+
+from clotho.agent.base import Agent
+from clotho.agent.result import AgentResult
+from clotho.errors import TaskError
+from clotho.rollout import RolloutSpec, VerifierOutcome
+from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox
+from clotho.swe.instance import SweInstance, SweOptions
+from clotho.swe.repos import RepoCache
+from clotho.swe.verify import program_baseline, verify_instance
+from clotho.tasks.verify import ProgramDigests
+
+SETUP_MARGIN_S = 300.0
+
+
+def instruction(instance: SweInstance, testbed: str) -> str:
+    """What the agent reads: the problem statement and where the code is."""
+    return (
+        f"The repository {instance.repo} is checked out at {testbed} (commit "
+        f"{instance.base_commit[:12]}). Fix the following issue by editing the code in "
+        f"{testbed}; the repository's tests will be run afterwards.\n\n"
+        f"{instance.problem_statement.strip()}\n"
+    )
+
+
+def solution_dir(instance: SweInstance, cache_root: Path, testbed: str) -> Path | None:
+    """A folder whose solve.sh applies the gold patch (what `--agent oracle` runs)."""
+    if not instance.patch.strip():
+        return None
+    digest = hashlib.sha256(f"{testbed}\0{instance.patch}".encode()).hexdigest()[:16]
+    folder = cache_root / "solutions" / digest
+    if not (folder / "solve.sh").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "patch.diff").write_text(instance.patch)
+        (folder / "solve.sh").write_text(
+            "#!/bin/bash\nset -eu\n"
+            f"cd {shlex.quote(testbed)}\n"
+            'git apply --whitespace=nowarn "$(dirname "$0")/patch.diff"\n'
+        )
+    return folder
+
+
+class SweTrial:
+    """One SWE instance, attempted in a sandbox whose workspace is the repository."""
+
+    def __init__(
+        self, instance: SweInstance, options: SweOptions, cache: RepoCache | None = None
+    ) -> None:
+        self.instance = instance
+        self.options = options
+        self.cache = cache or RepoCache(
+            options.cache_path(),
+            repos_dir=Path(options.repos_dir) if options.repos_dir else None,
+            network=options.network_clone,
+        )
+
+    @property
+    def name(self) -> str:
+        return self.instance.instance_id
+
+    @property
+    def category(self) -> str:
+        return self.instance.repo_category
+
+    def environment_spec(self) -> EnvironmentSpec:
+        return EnvironmentSpec(name=self.name.lower()[:100], image=self.instance.docker_image)
+
+    async def prepare(self, sandbox: Sandbox) -> Path:
+        """The repository at /testbed (and its dependencies installed): the snapshot of
+        the base commit copied in. A record whose repo, commit or diffs are unusable is a
+        `TaskError` naming the instance and the field."""
+        instance = self.instance
+        snapshot = await self.cache.snapshot_async(instance)
+        for field in ("patch", "test_patch"):
+            self.cache.check_patch(snapshot, instance, field)
+        await sandbox.upload(snapshot, self.options.testbed)
+        if instance.install_cmd:
+            result = await sandbox.exec(
+                instance.install_cmd,
+                cwd=self.options.testbed,
+                timeout=self.options.install_timeout_s,
+            )
+            if not result.ok:
+                raise TaskError(
+                    f"instance {instance.instance_id}: install_cmd failed (exit code "
+                    f"{result.exit_code}{', timed out' if result.timed_out else ''}): "
+                    f"{(result.stderr or result.stdout).strip()[-500:]}"
+                )
+        return snapshot
+
+    def rollout(
+        self,
+        agent: Agent,
+        prepared: PreparedEnvironment,
+        *,
+        timeout_s: float | None = None,
+        labels: dict[str, str] | None = None,
+        pass_threshold: float = 1.0,
+    ) -> RolloutSpec:
+        options = self.options
+        state: dict[str, object] = {}
+
+        async def prepare(sandbox: Sandbox) -> None:
+            state["snapshot"] = await self.prepare(sandbox)
+            state["baseline"] = await program_baseline(sandbox)
+
+        async def verify(sandbox: Sandbox, result: AgentResult) -> VerifierOutcome:
+            baseline = state.get("baseline")
+            return await verify_instance(
+                self.instance,
+                sandbox,
+                state["snapshot"],  # type: ignore[arg-type]
+                options,
+                baseline if isinstance(baseline, ProgramDigests) else None,
+            )
+
+        config = prepared.config.model_copy(update={"workdir": options.testbed})
+        limit = options.agent_timeout_s
+        return RolloutSpec(
+            sandbox=config,
+            agent=agent,
+            instruction=lambda: instruction(self.instance, options.testbed),
+            prepare=prepare,
+            verify=verify,
+            labels={**(labels or {}), "clotho.task": self.name[:60]},
+            timeout_s=timeout_s
+            if timeout_s is not None
+            else limit + options.install_timeout_s + options.test_timeout_s + SETUP_MARGIN_S,
+            agent_time_limit_s=limit,
+            solution_dir=solution_dir(self.instance, self.cache.root, options.testbed),
+            pass_threshold=pass_threshold,
+        )

@@ -1,0 +1,288 @@
+"""Verification of a SWE instance, from nothing the agent controls.
+
+After the agent: its processes are stopped; the programs the tests run are checked against
+their digests from before the agent; then, only in fresh processes (`Sandbox.exec_fresh`),
+the harness's own files arrive through stdin (pytest and the runner script, the pristine
+`.git` of the base commit, the test ids, `test_patch`) into a folder made afresh; the
+agent's diff against the base commit is taken with that pristine `.git` (the agent's own
+`.git`, hooks and config are never used); the test files (those of `test_patch`, those the
+listed tests live in, every conftest.py, pytest.ini, tox.ini and setup.cfg) are put back
+as they were at the base commit, files the agent added under those names removed, and
+`test_patch` applied; the listed tests run (`python3 -I`, our pytest, no third-party
+plugins, no addopts) and write JUnit XML, read back as a regular file with a size cap.
+Each listed test's outcome is recorded; one that was not collected counts as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import shlex
+import tarfile
+from pathlib import Path
+
+from clotho.errors import TamperError, VerifierError
+from clotho.rollout.outcome import VerifierOutcome
+from clotho.sandbox.base import Sandbox
+from clotho.sandbox.config import DEFAULT_PATH
+from clotho.swe.instance import SweInstance, SweOptions
+from clotho.swe.repos import patch_files
+from clotho.swe.runner import outcomes, parse_junit, runner_files
+from clotho.tasks.verify import ProgramDigests
+
+WORK = "/tmp/clotho-swe"
+JUNIT_MAX_BYTES = 32 << 20
+DIFF_MAX_BYTES = 1 << 20
+_PREP_TIMEOUT_S = 300.0
+# Test command lines longer than this are split into chunks (ARG_MAX is 2 MiB here; a
+# single argument may not exceed 128 KiB).
+MAX_COMMAND_CHARS = 100_000
+PROGRAMS = (
+    "bash",
+    "sh",
+    "env",
+    "python3",
+    "python",
+    "git",
+    "tar",
+    "find",
+    "sed",
+    "sort",
+    "rm",
+    "mkdir",
+    "cat",
+    "head",
+    "stat",
+    "patch",
+)
+HARNESS_FILES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg")
+TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def _path_dirs() -> list[str]:
+    return [d for d in DEFAULT_PATH.split(":") if d.startswith("/")]
+
+
+async def program_baseline(sandbox: Sandbox) -> ProgramDigests:
+    """Taken before the agent starts, from outside the sandbox."""
+    baseline = ProgramDigests(path_dirs=_path_dirs(), names=sorted(PROGRAMS), digests={})
+    baseline.digests = await sandbox.digests(baseline.paths)
+    return baseline
+
+
+def _git_tar(snapshot: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(snapshot / ".git", arcname="git")
+    return buffer.getvalue()
+
+
+def harness_tar(instance: SweInstance, snapshot: Path, restore: list[str]) -> bytes:
+    """runner/ (pytest, run_tests.py), git/ (pristine), ids.json, test.patch, restore.lst."""
+    files = {f"runner/{k}": v for k, v in runner_files().items()}
+    files["ids.json"] = json.dumps(instance.FAIL_TO_PASS + instance.PASS_TO_PASS).encode()
+    files["test.patch"] = instance.test_patch.encode()
+    files["restore.lst"] = "".join(f"{p}\n" for p in restore if "\n" not in p).encode()
+    buffer = io.BytesIO(_git_tar(snapshot))
+    with tarfile.open(fileobj=buffer, mode="a") as tar:
+        for rel, data in files.items():
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def restore_list(instance: SweInstance) -> list[str]:
+    """The test files the agent's version of must not be used."""
+    paths = patch_files(instance.test_patch)
+    for test in instance.FAIL_TO_PASS + instance.PASS_TO_PASS:
+        path = test.split("::", 1)[0]
+        if path.endswith(".py") and path not in paths and not path.startswith("/"):
+            paths.append(path)
+    return [p for p in paths if ".." not in p.split("/")]
+
+
+def _git(testbed: str) -> str:
+    return (
+        f"git --git-dir={WORK}/git --work-tree={shlex.quote(testbed)} -c core.fsmonitor=false "
+        "-c core.hooksPath=/dev/null -c core.quotepath=false -c diff.external= "
+        "-c core.autocrlf=false"
+    )
+
+
+def _prepare_script() -> str:
+    return f"""set -eu
+D={WORK}
+if [ -L "$D" ] || {{ [ -e "$D" ] && [ ! -d "$D" ]; }}; then rm -f -- "$D"; fi
+rm -rf -- "$D"
+mkdir -p -- "$D"
+tar -x --no-same-owner -C "$D"
+mkdir -p -- "$D/out"
+"""
+
+
+def _restore_script(testbed: str) -> str:
+    g = _git(testbed)
+    names = " -o ".join(f"-name {n}" for n in HARNESS_FILES)
+    specs = " ".join(f"'*{n}'" for n in HARNESS_FILES)
+    return f"""set -eu
+export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
+D={WORK}
+cd -- {shlex.quote(testbed)}
+{g} add -A >/dev/null 2>&1 || true
+{g} diff --cached --binary HEAD > "$D/out/agent.diff" || true
+{{ cat "$D/restore.lst"
+   find . -path ./.git -prune -o \\( {names} \\) -print | sed 's|^\\./||'
+   {g} ls-files -- {specs}
+}} | sort -u | while IFS= read -r f; do
+  [ -n "$f" ] || continue
+  rm -rf -- "$f"
+  if {g} cat-file -e "HEAD:$f" 2>/dev/null; then {g} checkout -q HEAD -- "$f"; fi
+done
+if [ -s "$D/test.patch" ]; then {g} apply --whitespace=nowarn "$D/test.patch"; fi
+"""
+
+
+async def _fresh(sandbox: Sandbox, cmd: str, what: str, **kwargs: object) -> str:
+    kwargs.setdefault("timeout", _PREP_TIMEOUT_S)
+    result = await sandbox.exec_fresh(cmd, **kwargs)  # type: ignore[arg-type]
+    if not result.ok:
+        detail = (result.stderr or result.stdout).strip()[-500:]
+        raise VerifierError(f"cannot {what} (exit code {result.exit_code}): {detail}")
+    return result.stdout
+
+
+async def _read_capped(sandbox: Sandbox, path: str, cap: int) -> str | None:
+    """A regular file's text (None when missing or not a regular file), cut at `cap`."""
+    quoted = shlex.quote(path)
+    kind = await _fresh(
+        sandbox,
+        f"if [ -L {quoted} ] || [ ! -f {quoted} ]; then echo no; else echo yes; fi",
+        f"inspect {path}",
+    )
+    if kind.strip() != "yes":
+        return None
+    return await _fresh(
+        sandbox, f"head -c {cap} -- {quoted}", f"read {path}", max_output_bytes=cap + 1
+    )
+
+
+def _chunks(ids: list[str], template: str) -> list[list[str]]:
+    chunks: list[list[str]] = [[]]
+    size = len(template)
+    for test in ids:
+        cost = len(shlex.quote(test)) + 1
+        if chunks[-1] and size + cost > MAX_COMMAND_CHARS:
+            chunks.append([])
+            size = len(template)
+        chunks[-1].append(test)
+        size += cost
+    return chunks
+
+
+async def _run_tests(
+    instance: SweInstance, sandbox: Sandbox, testbed: str, timeout_s: float
+) -> tuple[list[str], list[str], bool]:
+    """(JUnit XML texts, output tails, timed out) of the listed tests."""
+    listed = instance.FAIL_TO_PASS + instance.PASS_TO_PASS
+    if instance.test_cmd:
+        template = instance.test_cmd
+        commands = []
+        for i, chunk in enumerate(_chunks(listed, template)):
+            tests = " ".join(shlex.quote(t) for t in chunk)
+            junit = f"{WORK}/out/junit-{i}.xml"
+            cmd = template.replace("{junit}", junit)
+            cmd = cmd.replace("{tests}", tests) if "{tests}" in cmd else f"{cmd} {tests}"
+            commands.append((cmd, junit))
+    else:
+        commands = [
+            (
+                f"exec python3 -I {WORK}/runner/run_tests.py {WORK}/ids.json {WORK}/out/junit-0.xml",
+                f"{WORK}/out/junit-0.xml",
+            )
+        ]
+    xmls: list[str] = []
+    tails: list[str] = []
+    timed_out = False
+    for cmd, junit in commands:
+        result = await sandbox.exec_fresh(
+            f"exec 2>&1; {cmd}", timeout=timeout_s, env=TEST_ENV, cwd=testbed
+        )
+        await sandbox.stop_agent()  # whatever the tests started (the agent's code among it)
+        tails.append((result.stdout + result.stderr)[-4000:])
+        timed_out = timed_out or result.timed_out
+        text = await _read_capped(sandbox, junit, JUNIT_MAX_BYTES)
+        if text:
+            xmls.append(text)
+    return xmls, tails, timed_out
+
+
+def score(
+    instance: SweInstance, tests: dict[str, dict[str, str]], reward_mode: str
+) -> tuple[float, dict[str, float]]:
+    f2p = [tests[t]["outcome"] == "passed" for t in instance.FAIL_TO_PASS]
+    p2p = [tests[t]["outcome"] == "passed" for t in instance.PASS_TO_PASS]
+    fixed = sum(f2p) / len(f2p) if f2p else 1.0
+    kept = sum(p2p) / len(p2p) if p2p else 1.0
+    rewards = {"fail_to_pass": fixed, "pass_to_pass": kept}
+    if reward_mode == "shaped":
+        return (fixed if all(p2p) else 0.0), rewards
+    return (1.0 if all(f2p) and all(p2p) else 0.0), rewards
+
+
+async def verify_instance(
+    instance: SweInstance,
+    sandbox: Sandbox,
+    snapshot: Path,
+    options: SweOptions,
+    baseline: ProgramDigests | None,
+) -> VerifierOutcome:
+    """The instance's verdict on what the agent left at the testbed (module docstring)."""
+    testbed = options.testbed
+    await sandbox.stop_agent()
+    if baseline is not None:
+        changes = baseline.changes(await sandbox.digests(baseline.paths))
+        if changes:
+            raise TamperError(
+                "programs the tests run were changed during the agent's run ("
+                + "; ".join(changes[:10])
+                + "); the tests were not run"
+            )
+    payload = await asyncio.to_thread(harness_tar, instance, snapshot, restore_list(instance))
+    await _fresh(sandbox, _prepare_script(), "prepare the verifier's folder", stdin=payload)
+    await _fresh(sandbox, _restore_script(testbed), "restore the test files", timeout=600.0)
+    diff = await _read_capped(sandbox, f"{WORK}/out/agent.diff", DIFF_MAX_BYTES) or ""
+    xmls, tails, timed_out = await _run_tests(instance, sandbox, testbed, options.test_timeout_s)
+    cases = []
+    for xml in xmls:
+        try:
+            cases.extend(parse_junit(xml))
+        except Exception as exc:  # the agent's code ran in the test process: its doing
+            tails.append(f"unreadable JUnit XML: {type(exc).__name__}: {exc}")
+    tests = outcomes(instance.FAIL_TO_PASS + instance.PASS_TO_PASS, cases)
+    if timed_out:
+        for entry in tests.values():
+            if entry["outcome"] == "not collected":
+                entry["outcome"] = "timed out"
+    for test in instance.FAIL_TO_PASS:
+        tests[test]["list"] = "FAIL_TO_PASS"
+    for test in instance.PASS_TO_PASS:
+        tests[test].setdefault("list", "PASS_TO_PASS")
+    reward, rewards = score(instance, tests, options.reward)
+    report = {
+        "instance_id": instance.instance_id,
+        "reward_mode": options.reward,
+        "tests": tests,
+        "not_collected": [t for t, e in tests.items() if e["outcome"] == "not collected"],
+        "agent_diff": diff,
+        "diff_truncated": len(diff.encode()) >= DIFF_MAX_BYTES,
+        "runner_output": "\n".join(tails)[-8000:],
+    }
+    return VerifierOutcome(
+        reward=reward,
+        rewards=rewards,
+        exit_code=0 if reward >= 1.0 else 1,
+        output=json.dumps(report, indent=1),
+    )
