@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,3 +198,23 @@ def _node_of(cluster: LocalRayCluster, index: int) -> str:
         if node.get("Alive") and f"clotho_node{index}" in node.get("Resources", {}):
             return str(node["NodeID"])
     raise AssertionError(f"no node {index}")
+
+
+def test_eval_with_ray_runs_the_bundled_tasks_over_the_cluster_with_the_oracle_passing(
+    cluster: LocalRayCluster, examples_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    args = ["eval", str(examples_dir), "--agent", "oracle", "--ray", cluster.address]
+    done = subprocess.run(
+        [sys.executable, "-m", "clotho", *args, "--concurrency", "6", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == len([p for p in examples_dir.iterdir() if (p / "task.toml").is_file()])
+    assert all(r["passed"] for r in records), [r for r in records if not r["passed"]]
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["sandbox"]["backend"] == "ray"
+    assert saved["sandbox"]["inner"]["backend"] == "local"

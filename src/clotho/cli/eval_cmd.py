@@ -164,6 +164,13 @@ def eval_command(
             "--network/--no-network", help="network access for local sandboxes (default: off)"
         ),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            help="spread the sandboxes over a Ray cluster: its address, or auto (extra ray); "
+            "--sandbox says what each node runs"
+        ),
+    ] = None,
     concurrency: Annotated[
         int | None, typer.Option(help="attempts running at once (default: 4)")
     ] = None,
@@ -234,6 +241,8 @@ def eval_command(
         if not data.get("paths"):
             raise ConfigError("give at least one task path (argument or `paths:` in --config)")
         data.setdefault("sandbox", {}).setdefault("backend", "local")
+        if ray and data["sandbox"]["backend"] != "ray":
+            data["sandbox"] = {"backend": "ray", "address": ray, "inner": data["sandbox"]}
         eval_config = EvalConfig.model_validate(data)
     out = out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{eval_config.agent}"
     progress = Progress(
