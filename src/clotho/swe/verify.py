@@ -107,7 +107,7 @@ def restore_list(instance: SweInstance) -> list[str]:
 def _git(testbed: str) -> str:
     return (
         f"git --git-dir={WORK}/git --work-tree={shlex.quote(testbed)} -c core.fsmonitor=false "
-        "-c core.hooksPath=/dev/null -c core.quotepath=false -c diff.external= "
+        "-c core.hooksPath=/dev/null -c core.quotepath=false "
         "-c core.autocrlf=false"
     )
 
@@ -132,7 +132,7 @@ export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
 D={WORK}
 cd -- {shlex.quote(testbed)}
 {g} add -A >/dev/null 2>&1 || true
-{g} diff --cached --binary HEAD > "$D/out/agent.diff" || true
+{g} diff --cached --no-ext-diff --no-textconv --binary HEAD > "$D/out/agent.diff" || true
 {{ cat "$D/restore.lst"
    find . -path ./.git -prune -o \\( {names} \\) -print | sed 's|^\\./||'
    {g} ls-files -- {specs}

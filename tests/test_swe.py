@@ -1,0 +1,338 @@
+"""SWE instances end to end: records, the repository cache, verification, the generator.
+
+Real git, real bubblewrap; the bundled toy repositories are built from examples/swe/toy/
+(no network). Docker runs are in tests/test_swe_docker.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from tests.conftest import requires_bwrap
+
+from clotho.agent.base import AgentContext
+from clotho.agent.reference import NopAgent, OracleAgent
+from clotho.agent.result import AgentResult
+from clotho.errors import TaskError
+from clotho.sandbox import LocalSandboxConfig
+from clotho.sandbox.pool import PoolConfig, SlotPool
+from clotho.swe.examples import TOY_INSTANCES, build_toys
+from clotho.swe.generate import generate
+from clotho.swe.instance import SweInstance, SweOptions, load_instances
+from clotho.swe.mutate import MUTATORS, mutations
+from clotho.swe.repos import RepoCache, git
+from clotho.swe.runner import outcomes, parse_junit
+from clotho.swe.trial import SweTrial
+from clotho.tasks.discover import discover
+from clotho.tasks.trial import run_trial
+
+
+@pytest.fixture(scope="session")
+def toys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The five toy repositories, built as `make test` builds them (a folder of mirrors)."""
+    return build_toys(tmp_path_factory.mktemp("toys"))[0].parent
+
+
+@pytest.fixture
+def options(toys: Path, tmp_path: Path) -> SweOptions:
+    return SweOptions(repos_dir=str(toys), cache_dir=str(tmp_path / "cache"), network_clone=False)
+
+
+def toy_records() -> list[dict]:
+    return [json.loads(line) for line in TOY_INSTANCES.read_text().splitlines() if line.strip()]
+
+
+def trials(options: SweOptions, records: list[dict] | None = None) -> list[SweTrial]:
+    cache = RepoCache(options.cache_path(), repos_dir=Path(options.repos_dir or "."))
+    cache.network = False
+    return [
+        SweTrial(SweInstance.model_validate(r), options, cache) for r in records or toy_records()
+    ]
+
+
+class Script:
+    """An agent that runs fixed shell commands in the sandbox and keeps their output."""
+
+    def __init__(self, *commands: str, name: str = "script") -> None:
+        self.commands = commands
+        self.name = name
+        self.outputs: list[str] = []
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        for command in self.commands:
+            result = await ctx.sandbox.exec(command, cwd="/testbed")
+            self.outputs.append(result.stdout + result.stderr)
+        return AgentResult(messages=[{"role": "user", "content": ctx.instruction}])
+
+
+def report(outcome) -> dict:
+    assert outcome.verifier is not None, outcome.error
+    return json.loads(outcome.verifier.output)
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+def test_records_keep_unknown_fields_and_read_json_string_lists(tmp_path: Path) -> None:
+    good = {
+        "instance_id": "a__b-1", "repo": "a/b", "base_commit": "abc1234",
+        "problem_statement": "broken", "patch": "", "FAIL_TO_PASS": '["t.py::test_x[a b]"]',
+        "PASS_TO_PASS": "[]", "environment_setup_commit": "ffff", "version": 1.2,
+    }  # fmt: skip
+    missing = {k: v for k, v in good.items() if k != "base_commit"} | {"instance_id": "a__b-2"}
+    bad_list = good | {"instance_id": "a__b-3", "FAIL_TO_PASS": "not json"}
+    path = tmp_path / "instances.jsonl"
+    lines = [json.dumps(good), "{not json", json.dumps(missing), json.dumps(bad_list)]
+    path.write_text("\n".join(lines) + "\n")
+    instances, errors = load_instances(path)
+    assert [i.instance_id for i in instances] == ["a__b-1"]
+    assert instances[0].FAIL_TO_PASS == ["t.py::test_x[a b]"]
+    assert instances[0].model_extra == {"environment_setup_commit": "ffff"}
+    assert instances[0].version == "1.2"
+    messages = {name: str(e) for name, e in errors}
+    assert "invalid JSON" in messages["instances.jsonl:2"]
+    assert "instance a__b-2" in messages["a__b-2"] and "base_commit" in messages["a__b-2"]
+    assert "FAIL_TO_PASS" in messages["a__b-3"]
+
+
+def test_discover_reads_instance_files_beside_task_directories(
+    options: SweOptions, make_task, tmp_path: Path
+) -> None:
+    task_dir = make_task("harbor-task")
+    tasks, errors = discover([TOY_INSTANCES, task_dir], swe=options)
+    assert not errors
+    names = {t.name for t in tasks}
+    assert "harbor-task" in names
+    assert {r["instance_id"] for r in toy_records()} <= names
+    swe = next(t for t in tasks if isinstance(t, SweTrial))
+    assert swe.category in {"calc", "calendar_utils", "intervals", "stackq", "textkit"}
+
+
+def test_junit_ids_with_parameters_spaces_and_brackets() -> None:
+    xml = """<testsuites><testsuite>
+      <testcase classname="tests.test_a" name="test_x[a b-1]" file="tests/test_a.py"/>
+      <testcase classname="tests.test_a.TestC" name="test_y[x[1]]" file="tests/test_a.py">
+        <failure message="assert 1 == 2">trace</failure></testcase>
+      <testcase classname="tests.test_a" name="test_z" file="tests/test_a.py">
+        <skipped type="pytest.skip" message="no"/></testcase>
+      <testcase classname="tests.test_a" name="test_z" file="tests/test_a.py">
+        <error message="teardown"/></testcase>
+    </testsuite></testsuites>"""
+    listed = [
+        "tests/test_a.py::test_x[a b-1]", "tests/test_a.py::TestC::test_y[x[1]]",
+        "tests/test_a.py::test_z", "tests/test_a.py::test_gone",
+    ]  # fmt: skip
+    got = {k: v["outcome"] for k, v in outcomes(listed, parse_junit(xml)).items()}
+    assert got == {
+        "tests/test_a.py::test_x[a b-1]": "passed",
+        "tests/test_a.py::TestC::test_y[x[1]]": "failed",
+        "tests/test_a.py::test_z": "error",
+        "tests/test_a.py::test_gone": "not collected",
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(MUTATORS))
+def test_every_mutator_injects_a_bug(kind: str) -> None:
+    source = (
+        "def f(a, b, items):\n"
+        "    total = 0\n"
+        "    if a < b and b > 0:\n"
+        "        total += max(a, b)\n"
+        "    for i in range(len(items)):\n"
+        "        total += items[i]\n"
+        "    return total + len(items[1:b])\n"
+    )
+    found = mutations("m.py", source, [kind])
+    assert found, kind
+    namespace: dict = {}
+    exec(compile(found[0].source, "m.py", "exec"), namespace)  # the mutant still runs
+    assert found[0].source != source
+    assert all(m.kind == kind for m in found)
+
+
+# -- rollouts on the local backend ---------------------------------------------------------
+
+
+@requires_bwrap
+async def test_oracle_scores_1_and_nop_0_on_every_bundled_instance(options: SweOptions) -> None:
+    """The bundled toy instances on the local backend: gold patch passes, nothing fails."""
+    cases = trials(options)
+    assert len(cases) >= 10 and len({t.instance.repo for t in cases}) >= 5
+    async with SlotPool(PoolConfig(max_size=8)) as pool:
+        sem = asyncio.Semaphore(4)
+
+        async def one(trial: SweTrial, agent) -> tuple[str, str, float | None, object]:
+            async with sem:
+                o = await run_trial(trial, agent, LocalSandboxConfig(), pool)
+            return trial.name, agent.name, o.reward, o.error
+
+        runs = await asyncio.gather(
+            *(one(t, a) for t in cases for a in (OracleAgent(), NopAgent()))
+        )
+    for name, agent, reward, error in runs:
+        assert error is None, (name, agent, error)
+        assert reward == (1.0 if agent == "oracle" else 0.0), (name, agent)
+
+
+@requires_bwrap
+async def test_the_agent_sees_the_base_commit_only(options: SweOptions, toys: Path) -> None:
+    """No later commit, no gold patch, no remote; git works for the agent at /testbed."""
+    trial = trials(options)[0]
+    later = git("rev-parse", "main", cwd=toys / trial.instance.repo.split("/")[1]).stdout.strip()
+    agent = Script(
+        "git status --porcelain && echo status-ok",
+        "git log --all --oneline | wc -l",
+        f"git cat-file -e {later} 2>/dev/null && echo LEAK || echo no-later-commit",
+        "git remote -v | wc -l; git rev-parse HEAD",
+        "ls -a /testbed; git for-each-ref | wc -l",
+    )
+    async with SlotPool() as pool:
+        outcome = await run_trial(trial, agent, LocalSandboxConfig(), pool)
+    assert outcome.error is None
+    status, log, later_commit, remote, listing = agent.outputs
+    assert "status-ok" in status and "dubious" not in status
+    assert log.strip() == "1"
+    assert later_commit.strip() == "no-later-commit"
+    assert remote.split() == ["0", trial.instance.base_commit]
+    assert "LATER.md" not in listing and listing.split()[-1] == "0"
+
+
+@requires_bwrap
+async def test_eight_rollouts_on_one_repository_do_not_interfere(options: SweOptions) -> None:
+    """Eight concurrent rollouts of instances of one repository: one bare repository, one
+    fetch, each rollout's own copy; odd ones fix the bug, even ones break a passing test,
+    and each is verified alone (its reward and its diff are its own)."""
+    records = [r for r in toy_records() if r["repo"].endswith("/calc")]
+    cases = [trials(options, [records[i % len(records)]])[0] for i in range(8)]
+    cache = cases[0].cache
+    for t in cases:
+        t.cache = cache
+    agents = []
+    for i, trial in enumerate(cases):
+        marker = f"echo '# rollout {i}' >> calc/__init__.py"
+        if i % 2:
+            fix = f"git apply <<'EOF'\n{trial.instance.patch}EOF"
+            agents.append(Script(fix, marker, name=f"fix{i}"))
+        else:
+            agents.append(Script("sed -i 's/return base\\*\\*exponent/return 0/' calc/__init__.py",
+                                 marker, name=f"break{i}"))  # fmt: skip
+    async with SlotPool(PoolConfig(max_size=8)) as pool:
+        outcomes_ = await asyncio.gather(
+            *(
+                run_trial(t, a, LocalSandboxConfig(), pool)
+                for t, a in zip(cases, agents, strict=True)
+            )
+        )
+    assert cache.fetches == 1
+    assert len(list((cache.root / "repos").iterdir())) == 1
+    for i, outcome in enumerate(outcomes_):
+        assert outcome.error is None, outcome.error
+        assert outcome.reward == (1.0 if i % 2 else 0.0), i
+        diff = report(outcome)["agent_diff"]
+        assert f"# rollout {i}\n" in diff
+        assert all(f"# rollout {j}\n" not in diff for j in range(8) if j != i)
+        if not i % 2:
+            assert report(outcome)["tests"]["tests/test_calc.py::test_power"]["outcome"] == "failed"
+
+
+@requires_bwrap
+async def test_bad_records_are_task_errors_and_the_rest_goes_on(options: SweOptions) -> None:
+    good, *_ = toy_records()
+    unapplicable = good | {"instance_id": "bad-patch", "patch": good["patch"].replace("-", "+")}
+    unknown = good | {
+        "instance_id": "bad-commit",
+        "base_commit": "0123456789abcdef" * 2 + "01234567",
+    }
+    missing_test = good | {
+        "instance_id": "missing-test",
+        "FAIL_TO_PASS": [*good["FAIL_TO_PASS"], "tests/test_calc.py::test_does_not_exist[x y]"],
+    }
+    cases = trials(options, [unapplicable, unknown, missing_test, good])
+    async with SlotPool() as pool:
+        runs = await asyncio.gather(
+            *(run_trial(t, OracleAgent(), LocalSandboxConfig(), pool) for t in cases)
+        )
+    patch_run, commit_run, missing_run, good_run = runs
+    assert patch_run.error is not None and patch_run.error.kind == "task"
+    assert (
+        "bad-patch" in patch_run.error.message and "patch does not apply" in patch_run.error.message
+    )
+    assert commit_run.error is not None and commit_run.error.kind == "task"
+    assert "bad-commit" in commit_run.error.message and "base_commit" in commit_run.error.message
+    assert missing_run.error is None and missing_run.reward == 0.0
+    missing = report(missing_run)
+    assert missing["not_collected"] == ["tests/test_calc.py::test_does_not_exist[x y]"]
+    assert good_run.reward == 1.0
+
+
+@requires_bwrap
+async def test_agents_that_touch_the_tests_gain_nothing(options: SweOptions) -> None:
+    """Deleting the tests, rewriting a failing test, or a conftest.py that passes everything:
+    the test files are put back as they were at the base commit before the tests run."""
+    trial = trials(options)[0]
+    fix = f"git apply <<'EOF'\n{trial.instance.patch}EOF"
+    hook = (
+        "cat > conftest.py <<'EOF'\nimport pytest\n@pytest.hookimpl(hookwrapper=True)\n"
+        "def pytest_runtest_makereport(item, call):\n    out = yield\n"
+        "    out.get_result().outcome = 'passed'\nEOF"
+    )
+    cases = {
+        "delete-and-fix": (Script("rm -rf tests", fix), 1.0),
+        "delete-only": (Script("rm -rf tests"), 0.0),
+        "rewrite-test": (Script("sed -i 's/assert /assert True or /' tests/test_calc.py"), 0.0),
+        "conftest": (Script(hook, "mkdir -p tests && cp conftest.py tests/"), 0.0),
+        "pytest-ini": (Script("printf '[pytest]\\naddopts = -k nothing\\n' > pytest.ini"), 0.0),
+    }
+    async with SlotPool() as pool:
+        runs = await asyncio.gather(
+            *(run_trial(trial, agent, LocalSandboxConfig(), pool) for agent, _ in cases.values())
+        )
+    for (name, (_, expected)), outcome in zip(cases.items(), runs, strict=True):
+        assert outcome.error is None, (name, outcome.error)
+        assert outcome.reward == expected, (name, report(outcome)["tests"])
+
+
+@requires_bwrap
+async def test_shaped_reward_counts_fixed_tests_unless_one_broke(options: SweOptions) -> None:
+    record = next(r for r in toy_records() if len(r["FAIL_TO_PASS"]) >= 2)
+    shaped = options.model_copy(update={"reward": "shaped"})
+    trial = trials(shaped, [record])[0]
+    async with SlotPool() as pool:
+        nop = await run_trial(trial, NopAgent(), LocalSandboxConfig(), pool)
+        oracle = await run_trial(trial, OracleAgent(), LocalSandboxConfig(), pool)
+    assert nop.reward == 0.0 and oracle.reward == 1.0
+    assert oracle.rewards == {"fail_to_pass": 1.0, "pass_to_pass": 1.0}
+
+
+@requires_bwrap
+async def test_generate_validates_bugs_in_a_sandbox(tmp_path: Path) -> None:
+    """A fresh repository: every kept bug breaks a passing test and keeps the others; the
+    problem statement names failing tests and is not the diff."""
+    repo = build_toys(tmp_path / "repos", instances=None)[1]  # calendar_utils
+    git("reset", "-q", "--hard", "HEAD~1", cwd=repo)
+    found = await generate(repo, n=2, seed=7, max_tries=8)
+    assert found
+    for record in found:
+        instance = SweInstance.model_validate(record)
+        assert instance.FAIL_TO_PASS and instance.PASS_TO_PASS
+        assert not set(instance.FAIL_TO_PASS) & set(instance.PASS_TO_PASS)
+        assert git("cat-file", "-e", instance.base_commit, cwd=repo).returncode == 0
+        assert instance.FAIL_TO_PASS[0] in instance.problem_statement
+        assert "@@" not in instance.problem_statement  # written from the tests, not the diff
+        applied = git("apply", "--check", "-", cwd=repo, stdin=instance.patch)
+        assert applied.returncode != 0  # it fixes the bug commit, not HEAD (already fixed)
+
+
+def test_unknown_repo_without_network_names_the_instance(options: SweOptions) -> None:
+    record = toy_records()[0] | {"instance_id": "nowhere", "repo": "nobody/nothing"}
+    trial = trials(options, [record])[0]
+    with pytest.raises(TaskError, match=r"nowhere.*nobody/nothing.*no mirror"):
+        trial.cache.snapshot(trial.instance)
+
+
+def test_shell_quoting_of_ids() -> None:
+    assert shlex.quote("t.py::test_x[a b]") == "'t.py::test_x[a b]'"
