@@ -156,7 +156,7 @@ async def test_big_files_move_without_blocking_the_loop(
         (tmp_path / "downloaded.bin").unlink(missing_ok=True)
         async with slow_callbacks(0.05) as slow:
             await sandbox.write_file("written.bin", data)
-            back = await sandbox.read_file("written.bin")
+            back = await sandbox.read_file("written.bin", max_bytes=1 << 30)
             await sandbox.upload(big, "uploaded.bin")
             await sandbox.download("uploaded.bin", tmp_path / "downloaded.bin")
         if not slow:

@@ -56,8 +56,11 @@ class Sandbox(abc.ABC):
         """Run `cmd` with bash; never raises for a failing command, only for a broken sandbox."""
 
     @abc.abstractmethod
-    async def read_file(self, path: str) -> bytes:
-        """Return a file's bytes; FileNotFoundError / IsADirectoryError for the obvious cases."""
+    async def read_file(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
+        """Return a regular file's bytes; FileNotFoundError / IsADirectoryError for the obvious
+        cases, OSError for a FIFO, device or socket (never opened for reading whole), and
+        OSError(errno.EFBIG) naming the limit for a file above `max_bytes`: the host's memory
+        and disk stay bounded whatever the agent left at the path."""
 
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes) -> None:

@@ -259,19 +259,21 @@ class SlotPool:
 
     async def release(self, sandbox: Sandbox, *, reset: bool = True) -> None:
         """Give a sandbox back. A used sandbox is destroyed and (if kept warm) replaced."""
+        # A sandbox whose agent was stopped (verification) has no channel left: never reused.
+        stopped = bool(getattr(sandbox, "stopped", False))
         async with self._cond:
             pooled = self._in_use.pop(id(sandbox), None)
-            if pooled is not None and not reset and not self._closed:
+            if pooled is not None and not reset and not self._closed and not stopped:
                 pooled.idle_since = time.monotonic()
                 self._idle[pooled.key].append(pooled)
             self._cond.notify_all()
         if pooled is None:
             await sandbox.close()
             return
-        if reset and self.config.reset == "git" and not self._closed:
+        if reset and self.config.reset == "git" and not self._closed and not stopped:
             self._starting += 1  # counted while it resets, so max_size holds
             self._spawn(self._git_reset(pooled))
-        elif reset or self._closed:
+        elif reset or self._closed or stopped:
             self._spawn(self._destroy(pooled))
             self._refill(pooled.key)
 

@@ -12,10 +12,14 @@ deleting it 60-100 ms, which would stall every other rollout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
 import shutil
 import stat
+import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
 XFER_MOUNT = "/.clotho"
 BIG_FILE = 1 << 20
@@ -24,7 +28,9 @@ BIG_FILE = 1 << 20
 NOT_FOUND_EXIT, IS_DIR_EXIT = 80, 81
 
 
-async def read_host_file(path: Path, *, follow_symlinks: bool = True) -> bytes:
+async def read_host_file(
+    path: Path, *, follow_symlinks: bool = True, max_bytes: int | None = None
+) -> bytes:
     """A regular host file's bytes; read in a thread when it is big.
 
     A file in a transfer folder is the sandbox's to replace: read it with `follow_symlinks`
@@ -40,10 +46,17 @@ async def read_host_file(path: Path, *, follow_symlinks: bool = True) -> bytes:
         if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError(f"is a directory: {path}")
         if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"not a regular file: {path}")
+            raise OSError(errno.EINVAL, "not a regular file (a device, FIFO or socket)", str(path))
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise too_big(str(path), max_bytes)
+        limit = -1 if max_bytes is None else max_bytes + 1
         if info.st_size > BIG_FILE:
-            return await asyncio.to_thread(file.read)
-        return file.read()
+            data = await asyncio.to_thread(file.read, limit)
+        else:
+            data = file.read(limit)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise too_big(str(path), max_bytes)
+        return data
 
 
 async def write_host_file(path: Path, data: bytes) -> None:
@@ -81,3 +94,167 @@ async def remove_host_file(path: Path) -> None:
         await asyncio.to_thread(path.unlink, missing_ok=True)
     else:
         path.unlink(missing_ok=True)
+
+
+# More exit codes: the target is not a regular file; it is bigger than the caller's limit.
+NOT_REGULAR_EXIT, TOO_BIG_EXIT = 82, 83
+
+_NOFOLLOW_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+_CHUNK = 1 << 20
+
+
+def too_big(what: str, limit: int) -> OSError:
+    return OSError(errno.EFBIG, f"bigger than the limit of {limit} bytes", what)
+
+
+class XferDir:
+    """The host side of a transfer folder the sandbox can write, used only through a directory
+    fd opened before the agent ran, one name deep, never following a link: the sandbox may swap
+    any entry for a symlink, a FIFO or a hard link at any moment, and the host must still
+    neither read nor write anything but the regular file it meant.
+
+    Whole trees cross as one tar file (written from the host tree by `tarfile`, or made by the
+    sandbox's `tar` and unpacked on the host with tarfile's `data` filter), so there is never a
+    host-side walk through a folder the sandbox can change.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _create(self, name: str) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(name, flags, 0o644, dir_fd=self.fd)
+
+    def open_regular(self, name: str, max_bytes: int, what: str) -> tuple[int, int]:
+        """An fd on the regular, singly linked file `name` and its size (at most `max_bytes`)."""
+        try:
+            fd = os.open(name, _NOFOLLOW_READ, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO):
+                raise OSError(errno.EPERM, "the sandbox replaced a transfer file", what) from exc
+            raise
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                raise OSError(errno.EPERM, "the sandbox replaced a transfer file", what)
+            if info.st_size > max_bytes:
+                raise too_big(what, max_bytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, info.st_size
+
+    async def read(self, name: str, max_bytes: int, what: str) -> bytes:
+        fd, size = self.open_regular(name, max_bytes, what)
+        with os.fdopen(fd, "rb") as file:
+            # Never more than the limit, even if the sandbox appends meanwhile.
+            if size > BIG_FILE:
+                data = await asyncio.to_thread(file.read, max_bytes + 1)
+            else:
+                data = file.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise too_big(what, max_bytes)
+        return data
+
+    async def write(self, name: str, data: bytes) -> None:
+        with os.fdopen(self._create(name), "wb") as file:
+            if len(data) > BIG_FILE:
+                await asyncio.to_thread(file.write, data)
+            else:
+                file.write(data)
+
+    async def copy_in(self, source: Path, name: str) -> None:
+        """Copy a host file into the folder (mode kept), never holding it whole in memory."""
+        src_fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+        with os.fdopen(src_fd, "rb") as src, os.fdopen(self._create(name), "wb") as dst:
+            info = os.fstat(src.fileno())
+            os.fchmod(dst.fileno(), stat.S_IMODE(info.st_mode))
+            if info.st_size > BIG_FILE:
+                await asyncio.to_thread(shutil.copyfileobj, src, dst, _CHUNK)
+            else:
+                shutil.copyfileobj(src, dst)
+
+    async def tar_in(self, source: Path, name: str) -> None:
+        """A tar of the host tree `source` (its links as links), for the sandbox to unpack."""
+
+        def pack() -> None:
+            with (
+                os.fdopen(self._create(name), "wb") as file,
+                tarfile.open(fileobj=file, mode="w", format=tarfile.PAX_FORMAT) as tar,
+            ):
+                tar.add(source, arcname=".")
+
+        await asyncio.to_thread(pack)
+
+    async def copy_out(self, name: str, target: Path, max_bytes: int, what: str) -> None:
+        """Copy the sandbox's regular file `name` to a new host file `target`."""
+        fd, size = self.open_regular(name, max_bytes, what)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        with os.fdopen(fd, "rb") as src, os.fdopen(os.open(target, flags, 0o644), "wb") as dst:
+            if size > BIG_FILE:
+                await asyncio.to_thread(_copy_capped, src, dst, max_bytes, what)
+            else:
+                _copy_capped(src, dst, max_bytes, what)
+
+    async def untar_out(self, name: str, target: Path, max_bytes: int, what: str) -> None:
+        """Unpack the sandbox's tar `name` into the new host folder `target`: nothing outside
+        it, no links leading out, no devices (tarfile's `data` filter), at most `max_bytes`."""
+        fd, _ = self.open_regular(name, max_bytes, what)
+
+        def unpack() -> None:
+            with os.fdopen(fd, "rb") as file, tarfile.open(fileobj=file, mode="r:") as tar:
+                members = tar.getmembers()
+                if sum(m.size for m in members if m.isfile()) > max_bytes:
+                    raise too_big(what, max_bytes)
+                target.mkdir()
+                tar.extractall(target, members=members, filter=_safe_member)
+
+        await asyncio.to_thread(unpack)
+
+    async def remove(self, name: str) -> None:
+        """Delete the entry `name` (never what a link points at; a tree the sandbox made there
+        is removed without following links, in a thread)."""
+        try:
+            info = os.lstat(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode):
+            await asyncio.to_thread(_rmtree_at, self.fd, name)
+        elif info.st_size > BIG_FILE:
+            await asyncio.to_thread(_unlink_at, self.fd, name)
+        else:
+            _unlink_at(self.fd, name)
+
+
+def _safe_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's `data` filter, dropping (not failing on) what it refuses: an absolute or
+    escaping name, a link leading out of the target, a device."""
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError:
+        return None
+
+
+def _copy_capped(src: BinaryIO, dst: BinaryIO, max_bytes: int, what: str) -> None:
+    copied = 0
+    while chunk := src.read(_CHUNK):
+        copied += len(chunk)
+        if copied > max_bytes:
+            raise too_big(what, max_bytes)
+        dst.write(chunk)
+
+
+def _unlink_at(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def _rmtree_at(dir_fd: int, name: str) -> None:
+    # shutil.rmtree with dir_fd uses fd-based, symlink-safe traversal on Linux.
+    shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)
