@@ -37,8 +37,9 @@ def snapshot(sources: list[Source], *, details: bool = True) -> dict[str, Any]:
 
 def render(sources: list[Source], *, details: bool = True) -> str:
     data = json.dumps(snapshot(sources, details=details), separators=(",", ":"))
-    # Inside <script type="application/json">: "</" would end the element early.
-    return page(data.replace("</", "<\\/"), inline=True)
+    # Inside <script type="application/json"> no "<" may appear ("</script" would end the
+    # element, "<!--" and "<script" change how the rest is parsed): JSON writes it \u003c.
+    return page(data.replace("<", "\\u003c"), inline=True)
 
 
 def export_html(paths: list[Path], out: Path, *, details: bool = True) -> int:
