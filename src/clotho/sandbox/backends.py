@@ -44,7 +44,9 @@ class EnvironmentSpec(BaseModel):
     build_timeout_s: float | None = Field(None, gt=0)
     cpus: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(None, gt=0)
-    storage_mb: int | None = Field(None, gt=0, description="recorded; no backend enforces it yet")
+    storage_mb: int | None = Field(
+        None, gt=0, description="enforced by the local backend; recorded by docker"
+    )
 
 
 class PreparedEnvironment(BaseModel):
@@ -112,12 +114,37 @@ class FolderBackend(SandboxBackend):
     def __init__(self, state_dir: str | None = None) -> None:
         self.state_dir = state_dir
 
+    async def prepare(
+        self, base: SandboxConfig, spec: EnvironmentSpec, *, force_build: bool = False
+    ) -> PreparedEnvironment:
+        """The task's limits on a bubblewrap config, as Docker applies them: the base config's
+        own values win, the task's fill what it leaves unset (then the defaults do)."""
+        if isinstance(base, LocalSandboxConfig):
+            base = base.model_copy(
+                update={
+                    "cpus": base.cpus or spec.cpus,
+                    "memory_mb": base.memory_mb or spec.memory_mb,
+                    "storage_mb": base.storage_mb or spec.storage_mb,
+                }
+            )
+        return PreparedEnvironment(config=base, workspace_in_image=False)
+
     async def records(self) -> list[SandboxRecord]:
+        """The sandbox folders; listing also drops empty sandbox cgroups whose folder is
+        gone (`limits.sweep_empty`: an exit cleanup removes folders only)."""
+        from clotho.sandbox.limits import sweep_empty
+
+        await asyncio.to_thread(sweep_empty)
         found = await asyncio.to_thread(local_records, self.state_dir)
         return [r for r in found if r.backend == "local"]
 
     async def remove(self, record: SandboxRecord) -> None:
+        """Kill the leftover's processes (its cgroups first: they hold every process however
+        it was forked) and remove its folder and cgroups."""
         if record.path is not None:
+            from clotho.sandbox.limits import remove_named
+
+            await asyncio.to_thread(remove_named, record.path.name)
             await asyncio.to_thread(remove_local, record)
 
 

@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_LOCAL_MEMORY_MB = 4096
+DEFAULT_LOCAL_STORAGE_MB = 10240
 
 
 class _Common(BaseModel):
@@ -33,12 +35,36 @@ class LocalSandboxConfig(_Common):
         "auto", description="overlay needs root; auto picks overlay as root, else ro"
     )
     network: bool = False
+    # Limits (sandbox/limits.py). None takes the task's value (`SlotPool.prepare`), else the
+    # default: every local sandbox is bounded.
+    memory_mb: int | None = Field(
+        None,
+        gt=0,
+        description=f"memory and swap (cgroup); None: the task's, else {DEFAULT_LOCAL_MEMORY_MB}",
+    )
+    pids_limit: int = Field(4096, gt=0, description="processes and threads at once (cgroup)")
+    storage_mb: int | None = Field(
+        None,
+        gt=0,
+        description="disk written (overlay upper layer, workspace, transfers) and largest "
+        f"file; beyond it the sandbox is killed; None: the task's, else {DEFAULT_LOCAL_STORAGE_MB}",
+    )
+    cpus: float | None = Field(None, gt=0, description="CPU quota; None: the task's, else none")
+    cgroup_limits: bool = Field(
+        True,
+        description="enforce memory, process and CPU limits in cgroups (needs root on a cgroup "
+        "v1 host); off: only storage is watched",
+    )
 
 
 class UnsafeLocalSandboxConfig(_Common):
     """Plain processes in a temporary directory on the host. No isolation at all."""
 
     backend: Literal["unsafe-local"] = "unsafe-local"
+
+
+DEFAULT_DOCKER_MEMORY_MB = 4096
+DEFAULT_DOCKER_STORAGE_MB = 10240
 
 
 class DockerSandboxConfig(_Common):
@@ -48,8 +74,21 @@ class DockerSandboxConfig(_Common):
     image: str = "clotho/base:bookworm"
     network: bool = False
     cpus: float | None = Field(None, gt=0)
-    memory_mb: int | None = Field(None, gt=0)
+    memory_mb: int | None = Field(
+        None,
+        gt=0,
+        description=f"memory (cgroup; swap none); None: the task's, else {DEFAULT_DOCKER_MEMORY_MB}",
+    )
     pids_limit: int | None = Field(4096, gt=0)
+    storage_mb: int | None = Field(
+        None,
+        gt=0,
+        description="the container's writable layer, watched (no storage driver quota here): "
+        f"past it the container is killed; None: the task's, else {DEFAULT_DOCKER_STORAGE_MB}",
+    )
+    storage_check_s: float = Field(
+        2.0, gt=0, description="how often the writable layer's size is checked while commands run"
+    )
     docker_url: str | None = Field(
         None, description="Engine API address (default: DOCKER_HOST or the unix socket)"
     )
