@@ -17,7 +17,7 @@ from tests.conftest import requires_bwrap
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
 
-from tests.ray_local_cluster import LocalRayCluster  # noqa: E402
+from clotho.sandbox.ray.local_cluster import LocalRayCluster  # noqa: E402
 
 from clotho.agent.base import AgentContext  # noqa: E402
 from clotho.agent.result import AgentResult  # noqa: E402

@@ -11,9 +11,12 @@ from rich.table import Table
 
 from clotho.bench.parsers_bench import ParsersBench, run_parsers_bench
 from clotho.bench.sandbox_bench import TARGETS, SandboxBench, SlotFigures, run_sandbox_bench
+from clotho.bench.scale_bench import ScaleBench, run_scale_bench
+from clotho.bench.view_bench import view_bench_command
 from clotho.chat.parsers import list_parsers
 
 app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+app.command("view")(view_bench_command)
 console = Console(stderr=True)
 
 _ROWS = [
@@ -130,3 +133,48 @@ def parsers_command(
         print(result.model_dump_json())
     else:
         console.print(_parsers_table(result))
+
+
+def _scale_table(result: ScaleBench) -> Table:
+    table = Table(title="scale benchmark: scripted tool-heavy rollouts, bubblewrap sandboxes")
+    for column in ("setup", "rollouts/s", "commands/s", "utilisation", "exec p50 (ms)"):
+        table.add_column(column, justify="left" if column == "setup" else "right")
+    table.add_column("start p50 (ms)", justify="right")
+    table.add_column("driver CPU / rollout (ms)", justify="right")
+    for row in result.rows:
+        table.add_row(
+            row.setup,
+            f"{row.rollouts_per_s:.3g}",
+            f"{row.commands_per_s:.4g}",
+            f"{row.utilisation:.0%}",
+            f"{row.exec_p50_ms:.3g}",
+            f"{row.start_p50_ms:.3g}",
+            f"{row.driver_cpu_ms_per_rollout:.3g}",
+        )
+    return table
+
+
+@app.command("scale")
+def scale_command(
+    nodes: Annotated[int, typer.Option(min=1, max=8, help="local Ray node processes, up to")] = 3,
+    json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    quick: Annotated[bool, typer.Option(help="fewer samples (for smoke tests)")] = False,
+) -> None:
+    """Rollouts per second and sandbox utilisation over 1..N local Ray nodes beside the
+    single-process pool, and what going through a node's host costs (extra ray)."""
+    result = asyncio.run(run_scale_bench(nodes, quick=quick))
+    if json_:
+        print(result.model_dump_json(indent=2))
+        return
+    console.print(_scale_table(result))
+    mark = "[green]ok" if result.target_met else "[red]missed"
+    console.print(
+        f"added per command through the node's host: {result.command_overhead_ms:.3g} ms "
+        f"(target < 1 ms {mark}[/]); per sandbox start: {result.start_overhead_ms:.3g} ms"
+    )
+    projected = ", ".join(f"{n}: {v:.3g}" for n, v in result.projected_rollouts_per_s.items())
+    console.print(
+        f"one driver saturates at {result.driver_limit_rollouts_per_s:.3g} rollouts/s: linear "
+        f"to ~{result.linear_up_to_nodes:.0f} nodes of this size; projected rollouts/s by "
+        f"nodes: {projected}"
+    )

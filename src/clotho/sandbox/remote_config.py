@@ -47,6 +47,11 @@ class RaySandboxConfig(BaseModel):
     max_per_node: int | None = Field(
         None, ge=1, description="sandboxes open at once on one node (default: no limit)"
     )
+    channel: bool = Field(
+        True,
+        description="commands over a TCP stream the host actor serves (token-admitted; "
+        "~0.3 ms a call) rather than a Ray call each (~1.2 ms)",
+    )
     call_timeout_s: float = Field(
         60.0,
         gt=0,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from clotho.sandbox.backends import (
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
 from clotho.sandbox.leases import SandboxRecord
+from clotho.sandbox.ray.channel import METHODS, ChannelClient, ChannelLost
 from clotho.sandbox.ray.host import RAY_HOSTNAME, RAY_NODE, SandboxHost
 from clotho.sandbox.ray.payload import pack
 from clotho.sandbox.ray.proxy import RaySandbox
@@ -108,6 +110,7 @@ class _Host:
     died_at: float | None = None
     hostname: str = ""
     ready: asyncio.Future[None] | None = field(default=None, repr=False)
+    channel: ChannelClient | None = field(default=None, repr=False)
 
 
 class RayBackend(SandboxBackend):
@@ -196,6 +199,19 @@ class RayBackend(SandboxBackend):
             log.warning("the sandbox host on Ray node %s did not start: %s", host.node_id, exc)
             self._mark_dead(host)
             raise
+        if self.config.channel:
+            try:
+                token = secrets.token_hex(16)
+                address, port = await asyncio.wait_for(host.actor.serve.remote(token), 30)
+                host.channel = await asyncio.wait_for(
+                    ChannelClient.connect(address, port, token), 30
+                )
+            except Exception as exc:
+                log.warning(
+                    "no command channel to Ray node %s (commands go as Ray calls): %s",
+                    host.node_id[:12],
+                    exc,
+                )
 
     def _mark_dead(self, host: _Host) -> None:
         if not host.dead:
@@ -209,6 +225,8 @@ class RayBackend(SandboxBackend):
         if host.dead:
             raise HostLost(f"Ray node {host.node_id[:12]} is lost with this sandbox")
         ray = _ray()
+        if self._on_channel(host, method, args):
+            return await self._channel_call(host, method, args, timeout)
         ref = getattr(host.actor, method).remote(*args)
         try:
             if timeout is None:
@@ -233,6 +251,42 @@ class RayBackend(SandboxBackend):
             ) from exc
         except ray.exceptions.RayError as exc:
             raise SandboxError(f"Ray call {method} failed: {exc}") from exc
+        if status == "err":
+            raise value
+        return value
+
+    def _on_channel(self, host: _Host, method: str, args: tuple[Any, ...]) -> bool:
+        """Whether a call goes over the command channel: a sandbox call with small values
+        (big files travel as Ray objects, big reads as Ray results)."""
+        if host.channel is None or host.channel.lost or method not in METHODS:
+            return False
+        if method == "read_file":
+            return bool(args[-1] <= PUT_ABOVE)
+        return not any(isinstance(a, _ray().ObjectRef) for a in args)
+
+    async def _channel_call(
+        self, host: _Host, method: str, args: tuple[Any, ...], timeout: float | None
+    ) -> Any:
+        assert host.channel is not None
+        try:
+            status, value = await asyncio.wait_for(host.channel.call(method, *args), timeout)
+        except TimeoutError as exc:
+            raise SandboxError(
+                f"the sandbox host on Ray node {host.node_id[:12]} did not answer {method} "
+                f"within {timeout:g} s"
+            ) from exc
+        except ChannelLost as exc:
+            # The stream ended: the node is gone if its actor no longer answers Ray either.
+            try:
+                await asyncio.wait_for(host.actor.ping.remote(), self.config.call_timeout_s)
+            except Exception as ping_exc:
+                self._mark_dead(host)
+                raise HostLost(
+                    f"Ray node {host.node_id[:12]} is lost with this sandbox: {ping_exc}"
+                ) from exc
+            raise SandboxError(
+                f"the command channel to Ray node {host.node_id[:12]} broke: {exc}"
+            ) from exc
         if status == "err":
             raise value
         return value
@@ -403,6 +457,9 @@ class RayBackend(SandboxBackend):
             for host in hosts:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(ray.kill, host.actor, no_restart=True)
+        for host in self._hosts.values():
+            if host.channel is not None:
+                await host.channel.aclose()
         self._hosts.clear()
         if self._connected:
             self._connected = False

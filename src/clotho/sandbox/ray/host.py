@@ -29,6 +29,7 @@ from clotho.sandbox.backends import (
 )
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.leases import SandboxRecord
+from clotho.sandbox.ray.channel import ChannelServer
 from clotho.sandbox.ray.payload import Payload, pack, remove_tree, unpack
 
 Reply = tuple[str, Any]
@@ -59,6 +60,7 @@ class SandboxHost:
         self._sandboxes: dict[str, Sandbox] = {}
         self._backends: dict[str, SandboxBackend] = {}
         self._adapter = _inner_adapter()
+        self._channel: ChannelServer | None = None
 
     def _backend(self, inner: Any) -> SandboxBackend:
         key = backend_key(inner)
@@ -77,6 +79,19 @@ class SandboxHost:
 
     async def ping(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "hostname": self.hostname, "pid": os.getpid()}
+
+    async def serve(self, token: str) -> tuple[str, int]:
+        """Start (once) the command channel on this node's address; admit `token`."""
+        import ray
+
+        if self._channel is None:
+            self._channel = ChannelServer(self._dispatch)
+        address = ray.util.get_node_ip_address()
+        return address, await self._channel.start(address, token)
+
+    async def _dispatch(self, method: str, *args: Any) -> Reply:
+        reply: Reply = await getattr(self, method)(*args)
+        return reply
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -130,6 +145,8 @@ class SandboxHost:
 
     async def shutdown(self) -> None:
         """Close every sandbox this host opened, then its backends (the driver is done)."""
+        if self._channel is not None:
+            self._channel.close()
         sandboxes = list(self._sandboxes.values())
         self._sandboxes.clear()
         await asyncio.gather(*(s.close() for s in sandboxes), return_exceptions=True)

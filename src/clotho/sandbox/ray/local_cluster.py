@@ -1,5 +1,6 @@
 """A real Ray cluster on 127.0.0.1 for the tests and `clotho bench scale`: a head and worker
-nodes, each a `ray start` of its own with its own custom resource (`clotho_nodeK`).
+nodes, each a `ray start` of its own with its own custom resource (`clotho_nodeK`), so one
+machine can stand in for several (they share its cores).
 
 Each node's daemons share the process group of the `ray start` that launched them (started
 in a new session); Ray's workers (the actors) are children of the node's raylet in groups
@@ -113,6 +114,14 @@ class LocalRayCluster:
             self.stop()
             raise
         return self
+
+    def add_node(self) -> None:
+        """One more worker node (the benchmark grows the cluster between measurements)."""
+        try:
+            self._start(len(self.groups))
+        except BaseException:
+            self.stop()
+            raise
 
     def node_processes(self, index: int) -> set[int]:
         """Every live process of node `index`: its daemons and their descendants (workers,
