@@ -189,6 +189,10 @@ def eval_command(
     force_build: Annotated[
         bool | None, typer.Option("--force-build", help="rebuild task images even if cached")
     ] = None,
+    repos_dir: Annotated[
+        Path | None,
+        typer.Option(help="SWE instances: folder of git mirrors for owner/name repositories"),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="run directory")] = None,
     resume: Annotated[
         bool, typer.Option(help="continue the run in --out with its saved configuration")
@@ -211,6 +215,7 @@ def eval_command(
             "filter": _split(filter) or None,
             "skip": _split(skip) or None,
             "force_build": force_build,
+            "swe": {"repos_dir": str(repos_dir.resolve())} if repos_dir else None,
         }
         model_flags = {
             "model": model,

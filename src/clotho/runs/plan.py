@@ -33,7 +33,9 @@ def select(tasks: list[EvalTask], include: list[str], skip: list[str]) -> list[E
 
 async def plan_eval(config: EvalConfig, store: RunStore, resume: bool) -> EvalPlan:
     """Discovery (file reads, dataset rows unpacked) runs off the event loop."""
-    tasks, task_errors = await asyncio.to_thread(discover, [Path(p) for p in config.paths])
+    tasks, task_errors = await asyncio.to_thread(
+        discover, [Path(p) for p in config.paths], swe=config.swe
+    )
     tasks = select(tasks, config.filter, config.skip)
     previous = latest(await asyncio.to_thread(store.load_records)) if resume else {}
     # Only what may change on a retry runs again (infra failures say nothing about the agent).

@@ -18,6 +18,7 @@ from clotho.chat.client import ModelConfig
 from clotho.errors import ErrorInfo
 from clotho.rollout import PhaseTimings, RolloutOutcome, VerifierOutcome
 from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
+from clotho.swe.instance import SweOptions
 
 
 class EvalConfig(BaseModel):
@@ -40,6 +41,9 @@ class EvalConfig(BaseModel):
     force_build: bool = Field(False, description="rebuild task images even if cached")
     prewarm: bool = Field(True, description="start upcoming trials' sandboxes ahead of time")
     toolsets: list[str] = Field(default_factory=lambda: ["terminal", "file"])
+    swe: SweOptions = Field(
+        default_factory=SweOptions, description="SWE instance files: repositories, reward, caches"
+    )
 
 
 class TrialRecord(BaseModel):

@@ -14,8 +14,17 @@ from importlib import metadata
 from pathlib import Path
 
 RUNNER_SCRIPT = Path(__file__).with_name("runner_files") / "run_tests.py"
-# Distributions pytest needs at run time (pygments only colours output, which is off).
-PYTEST_DISTS = ("pytest", "pluggy", "iniconfig", "packaging")
+# Distributions pytest needs at run time.
+PYTEST_DISTS = ("pytest", "pluggy", "iniconfig", "packaging", "pygments")
+# pytest imports these of pygments' 9 MB (it colours nothing with --color=no).
+PYGMENTS_SUBMODULES = {
+    f"pygments/{name}.py"
+    for name in (
+        "lexers/__init__", "lexers/_mapping", "lexers/diff", "lexers/python",
+        "formatters/__init__", "formatters/_mapping", "formatters/terminal",
+        "styles/__init__", "styles/_mapping", "filters/__init__",
+    )
+}  # fmt: skip
 
 
 @functools.cache
@@ -28,6 +37,12 @@ def runner_files() -> dict[str, bytes]:
             if rel.endswith(".pyc") or ".dist-info" in rel or rel.startswith(".."):
                 continue
             if not rel.endswith((".py", ".typed")):
+                continue
+            if (
+                rel.count("/") > 1
+                and rel.startswith("pygments/")
+                and rel not in PYGMENTS_SUBMODULES
+            ):
                 continue
             files[rel] = Path(str(entry.locate())).read_bytes()
     return files

@@ -255,6 +255,11 @@ async def verify_instance(
     await _fresh(sandbox, _restore_script(testbed), "restore the test files", timeout=600.0)
     diff = await _read_capped(sandbox, f"{WORK}/out/agent.diff", DIFF_MAX_BYTES) or ""
     xmls, tails, timed_out = await _run_tests(instance, sandbox, testbed, options.test_timeout_s)
+    if not xmls:  # the runner died before writing its report: no verdict, never a 0
+        raise VerifierError(
+            "the tests wrote no JUnit XML report; their output ends with: "
+            + "\n".join(tails)[-1500:]
+        )
     cases = []
     for xml in xmls:
         try:
