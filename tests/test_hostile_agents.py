@@ -81,12 +81,13 @@ class Attacker:
 
     def __init__(self, attack: str) -> None:
         self.attack = attack
+        self.attack_exit: int | None = None
 
     async def run(self, ctx: AgentContext) -> AgentResult:
         await ctx.sandbox.exec("echo 41 > /app/answer.txt")
-        deep = '{"a": ' * 200_000 + "1" + "}" * 200_000
+        deep = "[" * 30_000 + "1" + "]" * 30_000  # under the reward size cap, far too deep
         await ctx.sandbox.write_file("/app/out.json", deep.encode())
-        await ctx.sandbox.exec(self.attack, timeout=10)
+        self.attack_exit = (await ctx.sandbox.exec(self.attack, timeout=10)).exit_code
         return AgentResult(messages=[{"role": "user", "content": ctx.instruction}])
 
 
@@ -98,34 +99,40 @@ BACKENDS = [
 
 async def _attempt(make_task, config: SandboxConfig, attack: str, test_sh: str = TEST_SH):
     task = load_task(make_task(test_sh=test_sh))
+    attacker = Attacker(attack)
     async with SlotPool() as pool:
-        outcome = await run_trial(HarborTrial(task), Attacker(attack), config, pool, timeout_s=120)
+        outcome = await run_trial(HarborTrial(task), attacker, config, pool, timeout_s=120)
         assert pool.stats()["in_use"] == 0
     record = TrialRecord.from_outcome(outcome, task="t", category="c", attempt=0, agent="a")
     assert compute_metrics([record]).n_scored == 1, outcome.error  # counted in the pass rate
-    return outcome
+    return outcome, attacker.attack_exit
 
 
 @pytest.mark.parametrize("config", BACKENDS)
 @pytest.mark.parametrize("attack", sorted(FORGERIES))
 async def test_forged_passes_score_zero(make_task, config: SandboxConfig, attack: str) -> None:
-    outcome = await _attempt(make_task, config, FORGERIES[attack])
+    outcome, _ = await _attempt(make_task, config, FORGERIES[attack])
     assert not outcome.passed
     assert outcome.error is None and outcome.reward == 0.0, outcome.error
 
 
 @pytest.mark.parametrize("config", BACKENDS)
 @pytest.mark.parametrize("attack", sorted(TAMPERING))
+# On Docker the agent is the container's root: every one of these changes succeeds there.
 async def test_replaced_programs_are_tampering(make_task, config: SandboxConfig, attack: str):
-    outcome = await _attempt(make_task, config, TAMPERING[attack])
-    assert not outcome.passed and outcome.reward is None
-    assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
+    outcome, attack_exit = await _attempt(make_task, config, TAMPERING[attack])
+    assert not outcome.passed
+    if attack_exit == 0:  # the change was made: it must be caught before the tests run
+        assert outcome.reward is None
+        assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
+    else:  # the sandbox refused it (a local sandbox cannot write the host's system folders)
+        assert outcome.error is None and outcome.reward == 0.0, outcome.error
 
 
 @pytest.mark.parametrize("config", BACKENDS)
 @pytest.mark.parametrize("attack", sorted(DODGES))
 async def test_failures_cannot_become_infra_errors(make_task, config: SandboxConfig, attack: str):
-    outcome = await _attempt(make_task, config, DODGES[attack])
+    outcome, _ = await _attempt(make_task, config, DODGES[attack])
     assert not outcome.passed
     assert outcome.error is None or outcome.error.kind in ("agent", "verifier"), outcome.error
 
@@ -134,6 +141,6 @@ async def test_failures_cannot_become_infra_errors(make_task, config: SandboxCon
 async def test_an_unreadable_reward_from_agent_output_is_a_verifier_error(
     make_task, config: SandboxConfig
 ) -> None:
-    outcome = await _attempt(make_task, config, "true", test_sh=COPYING_TEST_SH)
+    outcome, _ = await _attempt(make_task, config, "true", test_sh=COPYING_TEST_SH)
     assert outcome.error is not None and outcome.error.kind == "verifier"
     assert "not a readable reward" in outcome.error.message
