@@ -1,47 +1,82 @@
 """The local backend: a persistent bash inside bubblewrap.
 
-Namespaces: user (uid 0 mapped to the caller, so no host capabilities), pid, ipc, uts, net
-(off unless enabled) and mount. The host root is either bound read-only entry by entry, or
-(as root) the lower layer of an overlay mounted in a private mount namespace, whose upper
-layer is a folder in the sandbox's state folder: writes go away with that folder and nothing
-is mounted on the host. /tmp, /run, /root and /home are private tmpfs; the workspace is a
-host folder bound at `workdir`; a transfer folder bound at `XFER_MOUNT` carries files in and
-out without base64.
+Namespaces: user, pid, ipc, uts, net and mount, with every capability dropped (`--cap-drop
+ALL`): the sandbox's uid 0 cannot mount, ptrace its init or chown. As root on the host the
+sandbox runs as its own unprivileged host uid (`state.SANDBOX_UID_BASE` + n, claimed with the
+state folder; `setpriv` drops to it right before bwrap), so root-only host files (`/etc/shadow`,
+a task's tests in a 0700 folder) are as closed to it as to any user. The host root is either
+bound read-only entry by entry, or (as root) the lower layer of an overlay mounted in a private
+mount namespace, whose upper layer is in the sandbox's state folder and owned by the sandbox's
+uid: `/` and `/usr/local/*` and `/opt` are writable (their upper folders are the sandbox's),
+host files owned by root stay read-only, and nothing is mounted on the host. /tmp, /run, /root
+and /home are private tmpfs; the workspace is a host folder bound at `workdir`; a transfer
+folder bound at `XFER_MOUNT` carries files in and out, used on the host only through a
+directory fd and never following a link (`transfer.XferDir`).
+
+Every sandbox process lives in the sandbox's freezer cgroup (`cgroups.py`, as root), so
+`stop_agent` freezes them all at once; `exec_fresh` runs `nsenter` into namespaces whose fds
+were taken from the sandbox's init before the agent ran; `digests` reads files through the
+init's root directory fd, from the host. With `network`, the sandbox keeps its own network
+namespace (its own loopback) and reaches out through slirp4netns running as the sandbox's uid,
+which a firewall rule keeps off every address of the host itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Unpack
 
 from clotho.errors import SandboxError
+from clotho.sandbox import proctree
+from clotho.sandbox.base import ExecOptions, ExecResult
+from clotho.sandbox.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.config import LocalSandboxConfig, base_env
+from clotho.sandbox.fresh import digests_at, run_fresh
+from clotho.sandbox.limits import SandboxLimits
+from clotho.sandbox.netguard import guard_host_addresses
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.shell_backed import ShellBackedSandbox
-from clotho.sandbox.state import remove_state_dir, state_dir_until_started
+from clotho.sandbox.state import (
+    SANDBOX_UID_BASE,
+    SANDBOX_UID_COUNT,
+    remove_state_dir,
+    state_dir_until_started,
+    state_uid,
+)
 from clotho.sandbox.transfer import (
     IS_DIR_EXIT,
     NOT_FOUND_EXIT,
+    NOT_REGULAR_EXIT,
+    TOO_BIG_EXIT,
     XFER_MOUNT,
-    copy_host_file,
-    move_host_path,
-    read_host_file,
-    remove_host_file,
-    write_host_file,
+    XferDir,
 )
 
 _PRIVATE_DIRS = ("tmp", "run", "root", "home")
 _SKIPPED_ROOT_ENTRIES = {"proc", "dev", "sys", *_PRIVATE_DIRS}
 _RO_EXTRA_DIRS = ("/logs", "/tests", "/solution")
+# Upper-layer folders owned by the sandbox's uid: where its root may install things.
+_WRITABLE_TREES = ("usr/local", "opt")
+_NAMESPACES = (("user", "user"), ("mount", "mnt"), ("pid", "pid"), ("net", "net"),
+               ("ipc", "ipc"), ("uts", "uts"))  # fmt: skip
+DEFAULT_DOWNLOAD_LIMIT = 1 << 30
 
 INSTALL_HINT = (
     "bubblewrap (bwrap) is not installed; the local sandbox refuses to run without it. "
     "Install it with `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`, "
     "or pass --sandbox unsafe-local to run commands on the host without isolation."
+)
+SLIRP_HINT = (
+    "network=True on the local backend needs slirp4netns (the sandbox keeps its own network "
+    "namespace and never sees the host's loopback): apt-get install slirp4netns"
 )
 
 
@@ -67,10 +102,47 @@ def ro_root_args(only: set[str] | None = None) -> list[str]:
     return args
 
 
-def bwrap_argv(config: LocalSandboxConfig, root_mode: str, state: Path) -> list[str]:
+def _prepare_upper(upper: Path, uid: int) -> None:
+    """Make the overlay's upper root and the folders of `_WRITABLE_TREES` (and their
+    subfolders one level down) the sandbox uid's; their parents keep the host's owner."""
+    os.chown(upper, uid, uid)
+    targets: list[str] = []
+    for tree in _WRITABLE_TREES:
+        host = Path("/", tree)
+        if host.is_dir() and not host.is_symlink():
+            targets.append(tree)
+            targets += [
+                f"{tree}/{child.name}"
+                for child in sorted(host.iterdir())
+                if child.is_dir() and not child.is_symlink()
+            ]
+    for rel in targets:
+        made = upper
+        for part in Path(rel).parts:
+            made = made / part
+            if not made.exists():
+                made.mkdir()
+                os.chmod(made, os.stat(Path("/") / made.relative_to(upper)).st_mode & 0o7777)
+        os.chown(made, uid, uid)
+
+
+# As root, the state folder is seen at this path (a bind in the private mount namespace the
+# root-side prefix makes) by bwrap, which runs as the sandbox's uid and could not pass the
+# folder's parents when they are closed to it (a pytest tmp folder is 0700).
+_STATE_VIEW = "/run/clotho-state"
+
+
+def bwrap_argv(
+    config: LocalSandboxConfig,
+    root_mode: str,
+    state: Path,
+    uid: int | None = None,
+    cgroups: SandboxCgroups | None = None,
+) -> list[str]:
+    seen = Path(_STATE_VIEW) if uid is not None else state
     argv = ["bwrap"]
     if root_mode == "overlay":
-        argv += ["--bind", str(state / "ovl" / "m"), "/"]
+        argv += ["--bind", str(seen / "ovl" / "m"), "/"]
     else:
         argv += ro_root_args()
         for path in _RO_EXTRA_DIRS:
@@ -78,28 +150,44 @@ def bwrap_argv(config: LocalSandboxConfig, root_mode: str, state: Path) -> list[
     argv += ["--dev", "/dev", "--proc", "/proc"]
     for name in _PRIVATE_DIRS:
         argv += ["--tmpfs", f"/{name}"]
-    argv += ["--bind", str(state / "app"), config.workdir]
-    argv += ["--bind", str(state / "xfer"), XFER_MOUNT]
-    argv += ["--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0"]
-    if config.network:
-        argv += ["--share-net"]
+    argv += ["--bind", str(seen / "app"), config.workdir]
+    argv += ["--bind", str(seen / "xfer"), XFER_MOUNT]
+    if config.network and os.path.isfile("/etc/resolv.conf"):
+        argv += ["--ro-bind", str(seen / "resolv.conf"), "/etc/resolv.conf"]
+    # The network namespace is always the sandbox's own: with `network`, slirp4netns connects it.
+    argv += ["--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
     argv += ["--hostname", "clotho", "--die-with-parent", "--new-session"]
+    if uid is not None:  # named in bwrap's argv (set, then unset) so `remove_local` finds it
+        argv += ["--setenv", "CLOTHO_STATE", str(state), "--unsetenv", "CLOTHO_STATE"]
     argv += ["--chdir", config.workdir, "bash", "--noprofile", "--norc"]
+    steps: list[str] = []
     if root_mode == "overlay":
         # A private mount namespace holds the overlay, so nothing is mounted on the host; its
         # upper layer lives in the sandbox's state folder and goes away with it. (A Python
         # preexec_fn would do the mounts without the extra processes, but it forces fork()
-        # instead of vfork(), which costs 15 ms from a 300 MB parent.)
+        # instead of vfork(), which costs 15 ms from a 300 MB parent.) The mount is root's;
+        # bwrap then runs as the sandbox's uid.
         ovl = state / "ovl"
         for sub in ("u", "w", "m"):
             (ovl / sub).mkdir(parents=True)
-        mount = (
-            'mount -t overlay clotho -o "lowerdir=/,upperdir=$0/u,workdir=$0/w" "$0/m" && exec "$@"'
+        if uid is not None:
+            _prepare_upper(ovl / "u", uid)
+        steps.append(
+            'mount -t overlay clotho -o "lowerdir=/,upperdir=$0/ovl/u,workdir=$0/ovl/w" "$0/ovl/m"'
         )
-        return [
-            "unshare", "--mount", "--propagation", "private", "--",
-            "/bin/sh", "-c", mount, str(ovl), *argv,
-        ]  # fmt: skip
+    if uid is not None:
+        steps += [
+            f"mount -t tmpfs -o mode=0755 clotho {_STATE_VIEW.rsplit('/', 1)[0]}",
+            f"mkdir {_STATE_VIEW}",
+            f'mount --rbind "$0" {_STATE_VIEW}',
+        ]
+        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
+    if steps:
+        script = " && ".join([*steps, 'exec "$@"'])
+        argv = ["unshare", "--mount", "--propagation", "private", "--",
+                "/bin/sh", "-c", script, str(state), *argv]  # fmt: skip
+    if cgroups is not None:
+        argv = [*cgroups.enter_argv(), *argv]
     return argv
 
 
@@ -111,12 +199,34 @@ def resolve_root_mode(config: LocalSandboxConfig) -> str:
     return "overlay" if os.geteuid() == 0 and shutil.which("unshare") else "ro"
 
 
+def _init_pid(outer: int) -> int:
+    """The sandbox's pid 1 (bubblewrap's init), a child of the outer bwrap process."""
+    for pid in proctree.children(outer):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("NSpid:") and line.split()[-1] == "1":
+                    return pid
+    raise SandboxError("the sandbox's init process was not found")
+
+
 class BwrapSandbox(ShellBackedSandbox):
+    limits: SandboxLimits  # memory, processes, CPU, storage (limits.py)
+
     def __init__(self, config: LocalSandboxConfig, state: Path, shell: PersistentShell,
-                 labels: dict[str, str]) -> None:  # fmt: skip
+                 labels: dict[str, str], *, uid: int | None = None,
+                 cgroups: SandboxCgroups | None = None) -> None:  # fmt: skip
         super().__init__(shell, config.workdir, labels)
         self.config = config
         self.state = state
+        self.uid = uid
+        self._cgroups = cgroups
+        self._xfer = XferDir(state / "xfer")
+        self._ns_fds: dict[str, int] = {}
+        self._root_fd = -1
+        self._keep: set[int] = set()
+        self._init = 0
+        self._slirp: asyncio.subprocess.Process | None = None
+        self._slirp_exit_fd = -1
 
     @classmethod
     async def create(
@@ -124,6 +234,8 @@ class BwrapSandbox(ShellBackedSandbox):
     ) -> BwrapSandbox:
         if shutil.which("bwrap") is None:
             raise SandboxError(INSTALL_HINT)
+        if config.network and shutil.which("slirp4netns") is None:
+            raise SandboxError(SLIRP_HINT)
         labels = dict(labels or {})
         root_mode = resolve_root_mode(config)
         for _ in range(_START_ATTEMPTS - 1):
@@ -138,88 +250,334 @@ class BwrapSandbox(ShellBackedSandbox):
     async def _start(
         cls, config: LocalSandboxConfig, root_mode: str, labels: dict[str, str]
     ) -> BwrapSandbox:
-        with state_dir_until_started(config.state_dir, labels) as state:
-            (state / "app").mkdir()
-            (state / "xfer").mkdir()
+        as_root = os.geteuid() == 0
+        with state_dir_until_started(config.state_dir, labels, claim_uid=as_root) as state:
+            uid = state_uid(state)
+            for name in ("app", "xfer"):
+                (state / name).mkdir(mode=0o700)
+                if uid is not None:
+                    os.chown(state / name, uid, uid)
+            if config.network:
+                (state / "resolv.conf").write_text("nameserver 10.0.2.3\n")
+                if uid is not None:  # fail closed: no network without the host guard
+                    await guard_host_addresses(SANDBOX_UID_BASE, SANDBOX_UID_COUNT)
+            # Resource limits (limits.py): the freezer's cgroups get the memory, pids (and cpu)
+            # controllers and their limits before the shell starts; RLIMIT_FSIZE in the argv.
+            limits = SandboxLimits.create(config, state, ("freezer",) if as_root else ())
+            cgroups = limits.cgroups
             shell = PersistentShell(
-                bwrap_argv(config, root_mode, state),
+                limits.wrap(bwrap_argv(config, root_mode, state, uid, cgroups)),
                 env=base_env("/root", config.env),
                 max_output_bytes=config.max_output_bytes,
                 session=config.shell == "session",
             )
             await shell.start()
-        return cls(config, state, shell, labels)
+            sandbox = cls(config, state, shell, labels, uid=uid, cgroups=cgroups)
+            sandbox.limits = limits
+            limits.watch(shell.pid)  # the storage quota, until close
+            try:
+                await sandbox._attach()
+            except BaseException:
+                await sandbox.close()
+                raise
+        return sandbox
 
-    def _xfer_name(self) -> tuple[Path, str]:
-        name = uuid.uuid4().hex
-        return self.state / "xfer" / name, f"{XFER_MOUNT}/{name}"
+    async def exec(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
+        """A limit the command hit is a note on its stderr, or LimitExceeded when it ended
+        the sandbox (`SandboxLimits.guard`)."""
+        self._check_live()  # a stopped or closed sandbox says so, whatever limit it hit
+        return await self.limits.guard(super().exec(cmd, **options))
 
-    async def read_file(self, path: str) -> bytes:
-        path = self.resolve(path)
-        host, inner = self._xfer_name()
-        q = shlex.quote(path)
+    async def _transfer(self, script: str, what: str, limit: int = 0) -> ExecResult:
+        self._check_live()
+        return await self.limits.guard(super()._transfer(script, what, limit))
+
+    async def _attach(self) -> None:
+        """Take the init's namespaces and root before the agent runs: `exec_fresh` and
+        `digests` use these fds, never a pid the agent could make someone else's."""
+        outer = self._shell.pid
+        assert outer is not None
+        self._init = _init_pid(outer)
+        self._keep = {outer, self._init}
+        for _, ns in _NAMESPACES:
+            self._ns_fds[ns] = os.open(f"/proc/{self._init}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
+        self._root_fd = os.open(
+            f"/proc/{self._init}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+        )
+        if self.config.network:
+            await self._start_network()
+
+    async def _start_network(self) -> None:
+        ready_r, ready_w = os.pipe()
+        exit_r, self._slirp_exit_fd = os.pipe()
+        os.set_inheritable(self._slirp_exit_fd, False)
+        user, net = self._ns_fds["user"], self._ns_fds["net"]
+        argv = [
+            "slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback",
+            f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", f"--userns-path=/proc/self/fd/{user}",
+            "--netns-type=path", f"/proc/self/fd/{net}", "tap0",
+        ]  # fmt: skip
+        if self.uid is not None:
+            # Root, to open /dev/net/tun (0600 on some hosts), but with the sandbox's gid: its
+            # sockets match the host guard's gid rule. --enable-sandbox drops its capabilities.
+            argv = ["setpriv", f"--regid={self.uid}", "--clear-groups", "--", argv[0],
+                    "--enable-sandbox", "--enable-seccomp", *argv[1:]]  # fmt: skip
         try:
-            await self._transfer(
-                f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; "
-                f"cat -- {q} > {inner}",
-                path,
+            self._slirp = await asyncio.create_subprocess_exec(
+                *argv,
+                pass_fds=(ready_w, exit_r, user, net),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
             )
-            return await read_host_file(host, follow_symlinks=False)
         finally:
-            await remove_host_file(host)
+            os.close(ready_w)
+            os.close(exit_r)
+        try:
+            loop = asyncio.get_running_loop()
+            ready = await asyncio.wait_for(loop.run_in_executor(None, os.read, ready_r, 1), 10)
+        except TimeoutError:
+            ready = b""
+        finally:
+            os.close(ready_r)
+        if ready != b"1":
+            raise SandboxError("slirp4netns did not bring the sandbox's network up")
+
+    # -- verification -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed or self._root_fd < 0:
+            raise SandboxError("the sandbox is closed")
+
+    async def exec_fresh(
+        self,
+        cmd: str,
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> ExecResult:
+        """`nsenter` into the sandbox's namespaces (fds taken before the agent ran) and run a
+        fresh `bash` as the sandbox's root, in its own cgroup: whatever it starts ends when it
+        returns or times out."""
+        self._check_open()
+        cgroups = self._cgroups
+        sub = cgroups.new_fresh() if cgroups is not None else None
+        prefix = cgroups.enter_argv(sub) if cgroups is not None and sub else []
+        ns_args = [f"--{flag}=/proc/self/fd/{self._ns_fds[ns]}" for flag, ns in _NAMESPACES]
+        root = f"/proc/self/fd/{self._root_fd}"
+        script = f"cd -- {shlex.quote(self.resolve(cwd or self.workdir))} || exit 126\n{cmd}"
+        argv = [*prefix, "nsenter", *ns_args, f"--root={root}", f"--wd={root}", "--",
+                "bash", "--noprofile", "--norc", "-c", script]  # fmt: skip
+
+        def kill_tree(pid: int) -> None:
+            if cgroups is not None and sub is not None:
+                cgroups.freeze_sync(sub)
+                cgroups.kill(sub)
+                cgroups.thaw(sub)
+            else:
+                proctree.kill_descendants(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+        try:
+            return await run_fresh(
+                argv,
+                env=base_env("/root", {**self.config.env, **(env or {})}),
+                timeout=timeout,
+                stdin=stdin,
+                max_output_bytes=max_output_bytes,
+                kill_tree=kill_tree,
+                pass_fds=[*self._ns_fds.values(), self._root_fd],
+            )
+        finally:
+            if cgroups is not None and sub is not None:
+                cgroups.remove_sub(sub)
+
+    async def stop_agent(self) -> None:
+        """Freeze the sandbox's cgroup (atomic: nothing forks past it), SIGKILL all but the
+        outer bwrap and the sandbox's init, and leave it frozen: what the agent left never runs
+        again, and the namespaces stay enterable for `exec_fresh`. Processes `exec_fresh`
+        started are killed too. Without cgroups (not root): SIGSTOP every process of the
+        sandbox's pid namespace but its init, until none is left running."""
+        self._check_open()
+        self._stopped = True
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._freeze_all, self._cgroups)
+        else:
+            await asyncio.to_thread(self._stop_by_signals)
+
+    def _freeze_all(self, cgroups: SandboxCgroups) -> None:
+        if not cgroups.freeze_sync(AGENT):
+            raise SandboxError("the sandbox's processes could not be frozen")
+        cgroups.kill(AGENT, keep=self._keep)
+        for sub in cgroups.subgroups():
+            if sub != AGENT:
+                cgroups.freeze_sync(sub)
+                cgroups.kill(sub)
+                cgroups.thaw(sub)
+
+    def _stop_by_signals(self) -> None:
+        target = os.readlink(f"/proc/{self._init}/ns/pid")
+        for _ in range(1000):
+            running = 0
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit() or int(entry) in self._keep:
+                    continue
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/pid") != target:
+                        continue
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        state = f.read().rsplit(b")", 1)[1].split()[0]
+                except OSError:
+                    continue
+                if state not in (b"T", b"t", b"Z", b"X"):
+                    running += 1
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(entry), signal.SIGSTOP)
+            if not running:
+                return
+        raise SandboxError("the sandbox's processes could not be stopped")
+
+    async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
+        """Hashed from the host through the init's root directory fd: exactly the file system
+        the sandbox sees (overlay, tmpfs, binds), each path resolved as inside the sandbox,
+        never leaving it, nothing run inside."""
+        self._check_open()
+        return await asyncio.to_thread(digests_at, self._root_fd, list(paths))
+
+    # -- files -------------------------------------------------------------------------------
+
+    def _xfer_name(self) -> tuple[str, str]:
+        name = uuid.uuid4().hex
+        return name, f"{XFER_MOUNT}/{name}"
+
+    async def read_file(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
+        self._check_live()
+        path = self.resolve(path)
+        name, inner = self._xfer_name()
+        try:
+            await self._transfer(_regular_to(path, inner, max_bytes), path, max_bytes)
+            return await self._xfer.read(name, max_bytes, path)
+        finally:
+            await self._xfer.remove(name)
 
     async def write_file(self, path: str, data: bytes) -> None:
+        self._check_live()
         path = self.resolve(path)
-        host, inner = self._xfer_name()
-        await write_host_file(host, data)
-        await self._put_from_xfer(host, inner, path)
-
-    async def _put_from_xfer(self, host: Path, inner: str, path: str) -> None:
-        """Have the shell copy the transfer file `inner` (`host` outside) to `path`."""
-        q = shlex.quote(path)
+        name, inner = self._xfer_name()
         try:
-            await self._transfer(
-                f'[ -d {q} ] && exit {IS_DIR_EXIT}; mkdir -p -- "$(dirname -- {q})" && '
-                f"cat -- {inner} > {q}",
-                path,
-            )
+            await self._xfer.write(name, data)
+            await self._put_from_xfer(inner, path)
         finally:
-            await remove_host_file(host)
+            await self._xfer.remove(name)
+
+    async def _put_from_xfer(self, inner: str, path: str) -> None:
+        """Have the shell copy the transfer file `inner` to `path`."""
+        q = shlex.quote(path)
+        await self._transfer(
+            f'[ -d {q} ] && exit {IS_DIR_EXIT}; mkdir -p -- "$(dirname -- {q})" && '
+            f"cat -- {inner} > {q}",
+            path,
+        )
 
     async def upload(self, local: Path, remote: str) -> None:
+        self._check_live()
         remote = self.resolve(remote)
-        host, inner = self._xfer_name()
-        if local.is_file():  # copied, not read: a big file never sits in memory
-            await copy_host_file(local, host)
-            await self._put_from_xfer(host, inner, remote)
-            return
-        if not local.is_dir():
-            raise FileNotFoundError(f"no such file or directory on the host: {local}")
-        await asyncio.to_thread(shutil.copytree, local, host, symlinks=True)
-        q = shlex.quote(remote)
+        name, inner = self._xfer_name()
         try:
-            await self._transfer(f"mkdir -p -- {q} && cp -a -- {inner}/. {q}/", remote)
+            if local.is_file():  # copied, not read: a big file never sits in memory
+                await self._xfer.copy_in(local, name)
+                await self._put_from_xfer(inner, remote)
+                return
+            if not local.is_dir():
+                raise FileNotFoundError(f"no such file or directory on the host: {local}")
+            await self._xfer.tar_in(local, name)
+            q = shlex.quote(remote)
+            await self._transfer(
+                f"mkdir -p -- {q} && tar -x --no-same-owner -f {inner} -C {q}", remote
+            )
         finally:
-            await asyncio.to_thread(shutil.rmtree, host, True)
+            await self._xfer.remove(name)
 
-    async def download(self, remote: str, local: Path) -> None:
+    async def download(
+        self, remote: str, local: Path, *, max_bytes: int = DEFAULT_DOWNLOAD_LIMIT
+    ) -> None:
+        """A file, or a tree (as a tar made inside, unpacked on the host with no link leading
+        out of `local`); at most `max_bytes` in all, else OSError(EFBIG)."""
+        self._check_live()
         remote = self.resolve(remote)
         if local.exists():
             raise FileExistsError(f"download target already exists: {local}")
-        host, inner = self._xfer_name()
+        name, inner = self._xfer_name()
         q = shlex.quote(remote)
+        script = (
+            f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; if [ -d {q} ]; then echo d; "
+            f"{{ tar -c -f - -C {q} . 2>/dev/null; }} | head -c {max_bytes + 1} > {inner}; "
+            f"else stat -L -c %a -- {q} && {_regular_to(remote, inner, max_bytes)}; fi"
+        )
         try:
-            await self._transfer(
-                f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; cp -R --preserve=mode,timestamps -- {q} {inner}",
-                remote,
-            )
+            result = await self._transfer(script, remote, max_bytes)
             local.parent.mkdir(parents=True, exist_ok=True)
-            await move_host_path(host, local)
+            try:
+                if result.stdout.startswith("d"):
+                    await self._xfer.untar_out(name, local, max_bytes, remote)
+                else:
+                    await self._xfer.copy_out(name, local, max_bytes, remote)
+                    os.chmod(local, int(result.stdout.split()[0], 8) & 0o777)
+            except BaseException:
+                if local.is_dir() and not local.is_symlink():
+                    await asyncio.to_thread(shutil.rmtree, local, True)
+                else:
+                    local.unlink(missing_ok=True)
+                raise
         finally:
-            if host.is_dir():
-                await asyncio.to_thread(shutil.rmtree, host, True)
-            else:
-                await remove_host_file(host)
+            await self._xfer.remove(name)
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    async def _end_processes(self) -> None:
+        if self._cgroups is not None:
+            await asyncio.to_thread(self._cgroups.destroy)
+        elif self._init:
+            await asyncio.to_thread(self._kill_namespace)
+        if self._slirp is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._slirp.kill()
+            await self._slirp.wait()
+
+    def _kill_namespace(self) -> None:
+        """Without cgroups: SIGKILL every process of the sandbox's pid namespace (stopped ones
+        too, which the shell's own close would not find once reparented)."""
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{self._init}/ns/pid")
+            for entry in os.listdir("/proc"):
+                with contextlib.suppress(OSError):
+                    if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/pid") == target:
+                        os.kill(int(entry), signal.SIGKILL)
 
     async def _release(self) -> None:
+        for fd in [*self._ns_fds.values(), self._root_fd, self._slirp_exit_fd]:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._ns_fds, self._root_fd, self._slirp_exit_fd = {}, -1, -1
+        self._xfer.close()
+        await self.limits.close()  # the storage watch, and cgroups the freezer's close left
         await asyncio.to_thread(remove_state_dir, self.state)
+
+
+def _regular_to(path: str, inner: str, max_bytes: int) -> str:
+    """Shell: copy the regular file `path` (links followed inside the sandbox) to `inner`, or
+    exit with the code for missing, directory, not regular, or bigger than `max_bytes`. `head`
+    bounds the copy even if the file changes between the checks and the read."""
+    q = shlex.quote(path)
+    return (
+        f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; "
+        f"[ -f {q} ] || exit {NOT_REGULAR_EXIT}; "
+        f'[ "$(stat -L -c %s -- {q})" -le {max_bytes} ] || exit {TOO_BIG_EXIT}; '
+        f"head -c {max_bytes + 1} -- {q} > {inner}"
+    )

@@ -1,0 +1,244 @@
+"""Verification from nothing the agent controls, on the local backends: exec_fresh (a new
+process joining the sandbox's namespaces from the host), stop_agent (the freezer cgroup) and
+digests (hashed on the host), with real bubblewrap sandboxes and a hostile agent."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from clotho.errors import SandboxError
+from clotho.sandbox import LocalSandboxConfig, UnsafeLocalSandboxConfig, open_sandbox
+from clotho.sandbox.base import Sandbox
+from clotho.sandbox.bwrap import BwrapSandbox
+from clotho.sandbox.cgroups import CGROUP_ROOT, PARENT
+from clotho.sandbox.pool import PoolConfig, SlotPool
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+]
+ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="overlay, uids and cgroups need root")
+
+ROOT_MODES = ["ro", pytest.param("overlay", marks=ROOT)]
+
+# The hostile agent's leftover: detached twice (setsid, double fork), renamed, in a loop
+# rewriting the reward file the verifier will read.
+FORGER = (
+    "mkdir -p /logs/verifier; "
+    "(setsid bash -c 'exec -a kworker/0:1 bash -c \""
+    "while :; do echo 1 > /logs/verifier/reward.txt; date +%s%N > /logs/beat; done\"' "
+    "</dev/null >/dev/null 2>&1 &) ; sleep 0.3"
+)
+
+
+@pytest.fixture(params=ROOT_MODES)
+def root_mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def sandbox(root_mode: str, tmp_path: Path) -> AsyncIterator[BwrapSandbox]:
+    config = LocalSandboxConfig(root=root_mode, state_dir=str(tmp_path / "state"))
+    sb = await open_sandbox(config)
+    assert isinstance(sb, BwrapSandbox)
+    try:
+        yield sb
+    finally:
+        await sb.close()
+
+
+async def test_exec_fresh_sees_the_agents_files_but_none_of_its_shell(
+    sandbox: BwrapSandbox, root_mode: str
+) -> None:
+    await sandbox.exec(
+        "export SECRET=agent; f() { echo hijacked; }; export -f f; alias ls='echo hijacked'; "
+        "echo 'echo hijacked' > /tmp/rc; export BASH_ENV=/tmp/rc; "
+        "echo in-app > /app/a.txt; echo in-tmp > /tmp/t.txt"
+    )
+    r = await sandbox.exec_fresh(
+        'echo "${SECRET:-unset} $HOME $(pwd)"; type f 2>&1 | head -1; cat a.txt /tmp/t.txt; '
+        "cat; id -u; readlink /proc/1/exe >/dev/null; echo pid1=$(cat /proc/1/comm)",
+        timeout=20,
+        env={"EXTRA": "1"},
+        stdin=b"from-stdin\n",
+    )
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "unset /root /app"
+    assert "not found" in lines[1]
+    assert lines[2:5] == ["in-app", "in-tmp", "from-stdin"]
+    assert lines[5] == "0"
+    assert lines[6] == "pid1=bwrap"  # the sandbox's own pid namespace
+    assert "hijacked" not in r.stdout + r.stderr
+    r = await sandbox.exec_fresh("echo $EXTRA; pwd", timeout=10, cwd="/tmp", env={"EXTRA": "1"})
+    assert r.stdout == "1\n/tmp\n"
+
+
+async def test_exec_fresh_output_is_capped_and_timeout_kills_its_tree(
+    sandbox: BwrapSandbox,
+) -> None:
+    r = await sandbox.exec_fresh(
+        "head -c 5000000 /dev/zero | tr '\\0' a; head -c 300000 /dev/zero >&2",
+        timeout=30,
+        max_output_bytes=1000,
+    )
+    assert r.stdout.startswith("a" * 1000) and len(r.stdout) < 1100
+    assert "4999000 more bytes cut" in r.stdout
+    assert len(r.stderr) < 1100
+    # A detached child (setsid, holding no pipe) must not outlive its exec_fresh.
+    r = await sandbox.exec_fresh(
+        "(setsid bash -c 'while :; do date +%s%N > /app/fresh-beat; sleep 0.01; done' "
+        "</dev/null >/dev/null 2>&1 &); sleep 60",
+        timeout=1,
+    )
+    assert r.timed_out
+    before = (sandbox.state / "app" / "fresh-beat").read_text()
+    await asyncio.sleep(0.3)
+    assert (sandbox.state / "app" / "fresh-beat").read_text() == before
+
+
+@ROOT
+async def test_stop_agent_freezes_a_detached_forger_for_good(
+    sandbox: BwrapSandbox, root_mode: str
+) -> None:
+    await sandbox.exec(FORGER)
+    await sandbox.stop_agent()
+    assert sandbox.stopped
+    # The verifier's own steps: a fresh reward folder, then the reward it writes stays.
+    r = await sandbox.exec_fresh(
+        "rm -rf /logs/verifier && mkdir -p /logs/verifier && echo 0 > /logs/verifier/reward.txt "
+        "&& cat /logs/beat",
+        timeout=10,
+    )
+    assert r.exit_code == 0, r.stderr
+    beat = r.stdout
+    await asyncio.sleep(0.5)
+    r = await sandbox.exec_fresh("cat /logs/verifier/reward.txt /logs/beat", timeout=10)
+    assert r.stdout == "0\n" + beat
+    for call in (
+        sandbox.exec("true"),
+        sandbox.read_file("/app/x"),
+        sandbox.write_file("/app/x", b"x"),
+    ):
+        with pytest.raises(SandboxError, match="stopped"):
+            await call
+    await sandbox.stop_agent()  # idempotent, and the namespace is still there
+    r = await sandbox.exec_fresh("cat /logs/verifier/reward.txt", timeout=10)
+    assert r.stdout == "0\n"
+    name = sandbox.state.name
+    await sandbox.close()
+    assert not (CGROUP_ROOT / "freezer" / PARENT / name).exists()
+
+
+async def test_digests_see_the_sandbox_files_from_the_host(
+    sandbox: BwrapSandbox, root_mode: str, tmp_path: Path
+) -> None:
+    host_only = Path("/tmp") / f"clotho-digest-{secrets.token_hex(6)}"
+    host_only.write_text("host\n")
+    try:
+        await sandbox.exec(
+            f"echo sandbox > {host_only}; ln -s /tmp /app/l; ln -s /etc/shadow /app/s; "
+            "ln -s ../../../../../.. /app/up"
+        )
+        paths = [
+            str(host_only),  # private /tmp: the sandbox's file, not the host's
+            f"/app/l/{host_only.name}",  # through a link, resolved inside the sandbox
+            "/app/s",  # a link: its text, never its target
+            "/app/up/etc/hostname",  # `..` never climbs above the sandbox root
+            "/nothing/here",
+            "/usr/bin/env",
+        ]
+        got = await sandbox.digests(paths)
+        mine = hashlib.sha256(b"sandbox\n").hexdigest()
+        assert got[paths[0]] == mine and got[paths[1]] == mine
+        assert got["/app/s"] == "link:/etc/shadow"
+        assert (
+            got["/app/up/etc/hostname"]
+            == hashlib.sha256(Path("/etc/hostname").read_bytes()).hexdigest()
+        )
+        assert got["/nothing/here"] is None
+        env = hashlib.sha256(Path("/usr/bin/env").read_bytes()).hexdigest()
+        assert got["/usr/bin/env"] == env
+    finally:
+        host_only.unlink()
+
+
+@ROOT
+async def test_digests_catch_a_replaced_program(tmp_path: Path) -> None:
+    config = LocalSandboxConfig(root="overlay", state_dir=str(tmp_path))
+    async with await open_sandbox(config) as sb:
+        names = ["/usr/local/bin/python3", "/usr/local/bin/bash", "/bin/bash"]
+        before = await sb.digests(names)
+        await sb.exec(
+            "printf '#!/bin/sh\\necho 1\\n' > /usr/local/bin/python3; "
+            "ln -s /app/fake /usr/local/bin/bash"
+        )
+        await sb.stop_agent()
+        after = await sb.digests(names)
+        assert before["/usr/local/bin/python3"] is None
+        assert after["/usr/local/bin/python3"] == hashlib.sha256(b"#!/bin/sh\necho 1\n").hexdigest()
+        assert after["/usr/local/bin/bash"] == "link:/app/fake"
+        assert after["/bin/bash"] == before["/bin/bash"] is not None
+
+
+@ROOT
+async def test_pool_destroys_a_stopped_sandbox_even_with_git_reset(tmp_path: Path) -> None:
+    config = LocalSandboxConfig(root="overlay", state_dir=str(tmp_path))
+    async with SlotPool(PoolConfig(max_size=2, reset="git")) as pool:
+        sb = await pool.acquire(config)
+        await sb.exec(
+            "git init -q . && git -c user.email=a@b -c user.name=a commit -q --allow-empty -m x"
+        )
+        await sb.stop_agent()
+        await pool.release(sb)
+        for _ in range(100):
+            if pool.stats()["destroyed"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert pool.stats()["destroyed"] == 1
+        assert pool.stats()["idle"] == 0
+        again = await pool.acquire(config)
+        assert again is not sb
+        await pool.release(again)
+
+
+# --- unsafe-local: what is meaningful without isolation --------------------------------------
+
+
+@pytest.fixture
+async def unsafe(tmp_path: Path) -> AsyncIterator[Sandbox]:
+    sb = await open_sandbox(UnsafeLocalSandboxConfig(state_dir=str(tmp_path)))
+    try:
+        yield sb
+    finally:
+        await sb.close()
+
+
+async def test_unsafe_local_fresh_process_and_digests(unsafe: Sandbox) -> None:
+    await unsafe.exec("export SECRET=agent; echo data > f.txt")
+    r = await unsafe.exec_fresh("echo ${SECRET:-unset}; cat f.txt; cat", timeout=10, stdin=b"in")
+    assert r.stdout == "unset\ndata\nin"
+    got = await unsafe.digests(["f.txt", "missing"])
+    assert got == {"f.txt": hashlib.sha256(b"data\n").hexdigest(), "missing": None}
+
+
+@ROOT
+async def test_unsafe_local_stop_agent_stops_detached_processes(unsafe: Sandbox) -> None:
+    await unsafe.exec(
+        "(setsid bash -c 'while :; do date +%s%N > beat; sleep 0.01; done' "
+        "</dev/null >/dev/null 2>&1 &); sleep 0.3"
+    )
+    await unsafe.stop_agent()
+    before = (await unsafe.exec_fresh("cat beat", timeout=5)).stdout
+    await asyncio.sleep(0.3)
+    assert (await unsafe.exec_fresh("cat beat", timeout=5)).stdout == before
+    with pytest.raises(SandboxError, match="stopped"):
+        await unsafe.exec("true")
