@@ -14,9 +14,11 @@ from clotho.bench.sandbox_bench import TARGETS, SandboxBench, SlotFigures, run_s
 from clotho.bench.scale_bench import ScaleBench, run_scale_bench
 from clotho.bench.view_bench import view_bench_command
 from clotho.chat.parsers import list_parsers
+from clotho.cli.swe_cmd import swe_bench_command
 
 app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 app.command("view")(view_bench_command)
+app.command("swe")(swe_bench_command)
 console = Console(stderr=True)
 
 _ROWS = [

@@ -12,6 +12,7 @@ from clotho.cli.env_cmd import evaluate_command, process_command, serve_command
 from clotho.cli.eval_cmd import eval_command
 from clotho.cli.sandbox_cmd import app as sandbox_app
 from clotho.cli.serve_model_cmd import serve_model_command
+from clotho.cli.swe_cmd import app as swe_app
 from clotho.cli.view_cmd import view_command
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ app.command("serve-model")(serve_model_command)
 app.command("view")(view_command)
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(bench_app, name="bench")
+app.add_typer(swe_app, name="swe")
 
 
 @app.command()

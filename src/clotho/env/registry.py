@@ -21,6 +21,7 @@ from clotho.errors import ConfigError
 BUILTIN = {
     "terminal_tasks": "clotho.envs.terminal_tasks:TerminalTasksEnv",
     "terminal_test": "clotho.envs.terminal_test:TerminalTestEnv",
+    "swe": "clotho.envs.swe:SweEnv",
 }
 
 

@@ -30,6 +30,7 @@ from clotho.errors import TaskError
 from clotho.swe.instance import SweInstance
 
 _OWNER_NAME = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+BUNDLED_OWNER = "clotho-examples"
 _SHA = re.compile(r"^[0-9a-fA-F]{4,40}$")
 GIT_TIMEOUT_S = 900.0
 # A git that reads no user or system configuration and never asks for credentials.
@@ -126,6 +127,10 @@ class RepoCache:
                     mirror = self.repos_dir / option
                     if mirror.is_dir():
                         return slug, str(mirror.resolve())
+            if owner == BUNDLED_OWNER:  # the bundled toys: built here, no network
+                built = self.bundled_examples() / name
+                if built.is_dir():
+                    return slug, str(built)
             if not self.network:
                 raise TaskError(
                     f"instance {instance.instance_id}: repo {repo}: no mirror in "
@@ -136,6 +141,20 @@ class RepoCache:
             f"instance {instance.instance_id}: repo {repo!r}: not a folder, file:// URL or "
             "owner/name"
         )
+
+    def bundled_examples(self) -> Path:
+        """examples/swe/toy/ built into git repositories under the cache, once."""
+        from clotho.swe.examples import TOY_INSTANCES, build_toys
+
+        version = hashlib.sha256(TOY_INSTANCES.read_bytes()).hexdigest()[:12]
+        folder = self.root / "examples" / version
+        done = folder / ".built"
+        if not done.is_file():
+            with file_lock(self.root / "locks" / f"examples-{version}.lock"):
+                if not done.is_file():
+                    build_toys(folder)
+                    done.write_text("ok\n")
+        return folder
 
     @staticmethod
     def _path_slug(path: Path) -> str:

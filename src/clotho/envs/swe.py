@@ -1,0 +1,135 @@
+"""SWE instances as an RL environment (`clotho process|serve|evaluate swe`): the problem
+statement is the prompt, the repository at its base commit is the workspace (/testbed), the
+instance's FAIL_TO_PASS and PASS_TO_PASS tests are the reward. Instances come from files
+(`instances`), or are generated on the fly from a repository (`generate`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import ClassVar
+from weakref import WeakKeyDictionary
+
+from pydantic import Field
+
+from clotho.agent.result import AgentResult
+from clotho.env.base import Environment
+from clotho.env.config import EnvConfig
+from clotho.env.evaluation import EvalSample
+from clotho.errors import ConfigError
+from clotho.rollout import VerifierOutcome
+from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
+from clotho.swe.examples import TOY_INSTANCES
+from clotho.swe.instance import SweInstance, SweOptions, load_instances
+from clotho.swe.repos import RepoCache
+from clotho.swe.trial import SweTrial, instruction
+from clotho.swe.verify import program_baseline, verify_instance
+from clotho.tasks.verify import ProgramDigests
+
+
+class SweEnvConfig(EnvConfig):
+    instances: list[str] = Field(
+        default_factory=lambda: [str(TOY_INSTANCES)], description="instance files (.jsonl/.json)"
+    )
+    eval_instances: list[str] | None = Field(None, description="default: the training ones")
+    generate: str | None = Field(
+        None, description="a git repository to generate instances from (instead of files)"
+    )
+    generate_n: int = Field(10, ge=1)
+    max_items: int = Field(0, ge=0, description="instances used (0: all)")
+    shuffle: bool = True
+    swe: SweOptions = Field(default_factory=SweOptions)
+
+
+class SweEnv(Environment[SweInstance]):
+    name: ClassVar[str] = "swe"
+    config_cls: ClassVar[type[EnvConfig]] = SweEnvConfig
+    config: SweEnvConfig
+
+    async def setup(self) -> None:
+        options = self.config.swe
+        self.cache = RepoCache(
+            options.cache_path(),
+            repos_dir=Path(options.repos_dir) if options.repos_dir else None,
+            network=options.network_clone,
+        )
+        if self.config.generate:
+            from clotho.swe.generate import generate
+
+            records = await generate(
+                Path(self.config.generate), n=self.config.generate_n, seed=self.config.seed,
+                sandbox_config=self.config.sandbox,
+            )  # fmt: skip
+            self.instances = [SweInstance.model_validate(r) for r in records]
+        else:
+            self.instances = await self._load(self.config.instances)
+        if self.config.max_items:
+            self.instances = self.instances[: self.config.max_items]
+        if not self.instances:
+            raise ConfigError("no SWE instances to run")
+        self.eval_instances = (
+            await self._load(self.config.eval_instances)
+            if self.config.eval_instances
+            else self.instances
+        )
+        self.trials = {
+            i.instance_id: SweTrial(i, options, self.cache)
+            for i in [*self.instances, *self.eval_instances]
+        }
+        self._order: list[SweInstance] = []
+        self._snapshots: WeakKeyDictionary[Sandbox, Path] = WeakKeyDictionary()
+        self._baselines: WeakKeyDictionary[Sandbox, ProgramDigests] = WeakKeyDictionary()
+        pool = self._require_pool()
+        self._prepared: dict[str, PreparedEnvironment] = {}
+        for trial in self.trials.values():
+            spec = trial.environment_spec()
+            key = spec.image or ""
+            if key not in self._prepared:
+                self._prepared[key] = await pool.prepare(self.config.sandbox, spec)
+
+    @staticmethod
+    async def _load(paths: list[str]) -> list[SweInstance]:
+        found: list[SweInstance] = []
+        for path in paths:
+            instances, errors = await asyncio.to_thread(load_instances, Path(path))
+            if errors:
+                raise ConfigError("; ".join(str(e) for _, e in errors[:5]))
+            found += instances
+        return found
+
+    async def get_next_item(self) -> SweInstance:
+        if not self._order:
+            self._order = list(self.instances)
+            if self.config.shuffle:
+                self.rng.shuffle(self._order)
+        return self._order.pop()
+
+    def format_prompt(self, item: SweInstance) -> str:
+        return instruction(item, self.config.swe.testbed)
+
+    def sandbox_config(self, item: SweInstance) -> SandboxConfig:
+        prepared = self._prepared[item.docker_image or ""]
+        return prepared.config.model_copy(update={"workdir": self.config.swe.testbed})
+
+    async def setup_workspace(self, item: SweInstance, sandbox: Sandbox) -> None:
+        self._snapshots[sandbox] = await self.trials[item.instance_id].prepare(sandbox)
+        self._baselines[sandbox] = await program_baseline(sandbox)
+
+    async def verify(
+        self, item: SweInstance, result: AgentResult, sandbox: Sandbox
+    ) -> VerifierOutcome:
+        return await verify_instance(
+            item, sandbox, self._snapshots.pop(sandbox), self.config.swe,
+            self._baselines.pop(sandbox, None),
+        )  # fmt: skip
+
+    async def evaluate(self) -> list[EvalSample]:
+        tools = self.resolve_tools()
+        semaphore = asyncio.Semaphore(self.config.eval_concurrency)
+
+        async def one(item: SweInstance) -> EvalSample:
+            async with semaphore:
+                rollout = await self.rollout(item, tools)
+            return EvalSample(name=item.instance_id, category=item.repo_category, rollout=rollout)
+
+        return list(await asyncio.gather(*(one(i) for i in self.eval_instances)))
