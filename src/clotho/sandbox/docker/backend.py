@@ -29,11 +29,12 @@ import shutil
 import tarfile
 import tempfile
 import time
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
-from clotho.errors import SandboxError, TaskError
+from clotho.errors import SandboxError, TamperError, TaskError
 from clotho.sandbox import exit_cleanup
 from clotho.sandbox.backends import (
     DEFAULT_LEASE_S,
@@ -41,12 +42,21 @@ from clotho.sandbox.backends import (
     PreparedEnvironment,
     SandboxBackend,
 )
-from clotho.sandbox.base import Sandbox
-from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig, base_env
+from clotho.sandbox.base import ExecOptions, ExecResult, Sandbox
+from clotho.sandbox.config import (
+    DEFAULT_DOCKER_MEMORY_MB,
+    DEFAULT_DOCKER_STORAGE_MB,
+    DockerSandboxConfig,
+    SandboxConfig,
+    base_env,
+)
+from clotho.sandbox.docker.archive import download_tree, path_digest, put_archive, read_regular
 from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, main_shell_command, make_fifos
+from clotho.sandbox.docker.fresh import STOP_CONTAINER, fresh_exec
 from clotho.sandbox.docker.images import ensure_context_image, image_exists
+from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.leases import (
     DOCKER_IO,
     SandboxRecord,
@@ -106,8 +116,8 @@ def container_body(
     }
     if config.cpus:
         host["NanoCpus"] = int(config.cpus * 1e9)
-    if config.memory_mb:
-        host["Memory"] = config.memory_mb * 1024 * 1024
+    memory = (config.memory_mb or DEFAULT_DOCKER_MEMORY_MB) * 1024 * 1024
+    host["Memory"] = host["MemorySwap"] = memory  # no swap: past the limit is an OOM kill
     if config.pids_limit:
         host["PidsLimit"] = config.pids_limit
     return {
@@ -162,7 +172,14 @@ def _tar_of(local: Path, arcname: str) -> bytes:
     return buffer.getvalue()
 
 
+def _unpack(archive: Path, target: Path) -> None:
+    with tarfile.open(archive, mode="r:") as tar:
+        tar.extractall(target, filter="data")
+
+
 class DockerSandbox(ShellBackedSandbox):
+    _shared_limits = False  # slots share their container's cgroup with their neighbours
+
     def __init__(
         self,
         config: DockerSandboxConfig,
@@ -179,6 +196,14 @@ class DockerSandbox(ShellBackedSandbox):
         self._shell = shell
         self.io_dir: Path | None = None
         self._closed = False
+        self._stopped = False
+        self.limits = LimitWatch(
+            container,
+            memory_mb=config.memory_mb or DEFAULT_DOCKER_MEMORY_MB,
+            pids_limit=config.pids_limit,
+            storage_mb=config.storage_mb or DEFAULT_DOCKER_STORAGE_MB,
+            check_interval_s=config.storage_check_s,
+        )
 
     @property
     def id(self) -> str:
@@ -211,6 +236,7 @@ class DockerSandbox(ShellBackedSandbox):
                 if shell is not None:
                     sandbox = cls(config, docker, container, shell, labels)
                     sandbox.io_dir = io_dir
+                    await sandbox.limits.start()
                     return sandbox
                 make_fifos(io_dir, replace=True)  # the image cannot run it: exec a shell
             container = await cls._start_container(docker, body, config)
@@ -221,14 +247,15 @@ class DockerSandbox(ShellBackedSandbox):
                 if io_dir is not None:  # fresh FIFOs (same folder: it is bind-mounted)
                     make_fifos(io_dir, replace=True)
                 shell = await cls._start_shell(container, config, "sh", io_dir)
+            sandbox = cls(config, docker, container, shell, labels)
+            sandbox.io_dir = io_dir
+            await sandbox.limits.start()
         except BaseException:
             if container is not None:
                 await delete_container(container)
             if io_dir is not None:
                 remove_state_dir(io_dir)
             raise
-        sandbox = cls(config, docker, container, shell, labels)
-        sandbox.io_dir = io_dir
         return sandbox
 
     @staticmethod
@@ -309,50 +336,143 @@ class DockerSandbox(ShellBackedSandbox):
         await shell.start()
         return shell
 
+    # -- verification: nothing the agent controls -------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        """True after `stop_agent`: only `exec_fresh` and `digests` work, and the pool
+        destroys the sandbox on release."""
+        return self._stopped
+
+    def _usable(self) -> None:
+        if self._stopped:
+            raise SandboxError(
+                "the agent's processes were stopped (verification): the sandbox runs only "
+                "fresh processes now"
+            )
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+
+    def fresh_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        """The environment of a fresh process: the sandbox's base environment plus `env`."""
+        return {**base_env("/root", self.config.env), **(env or {})}
+
+    async def exec_fresh(
+        self,
+        cmd: str,
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> ExecResult:
+        """A new root process started by the Engine API (see `fresh.py`)."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        return await self._limited(
+            fresh_exec(
+                self.container,
+                ["bash", "--noprofile", "--norc", "-c", cmd],
+                env=self.fresh_env(env),
+                timeout=timeout,
+                cwd=self.resolve(cwd or self.workdir),
+                stdin=stdin,
+                max_output_bytes=max_output_bytes,
+            )
+        )
+
+    async def stop_agent(self) -> None:
+        """Freeze and kill every process but docker-init and the container's main process,
+        which stays stopped (see `fresh.STOP_CONTAINER`); then check from outside, with the
+        daemon's process list (nothing run in the container), that nothing else is left."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        self._stopped = True
+        for _ in range(5):
+            result = await fresh_exec(
+                self.container, ["bash", "--noprofile", "--norc", "-c", STOP_CONTAINER],
+                env=self.fresh_env(None), timeout=60.0, cwd="/",
+            )  # fmt: skip
+            if result.exit_code == 0 and not (left := await self._running_processes()):
+                return
+        raise TamperError(
+            f"processes kept running after the agent was stopped: {left or result.stderr!r}"
+        )
+
+    async def _running_processes(self) -> list[str]:
+        """What the daemon lists in the container (host `ps`) besides docker-init and
+        stopped or dead processes."""
+        from aiodocker.exceptions import DockerError
+
+        try:
+            top = await self.container.top(ps_args="-o pid,ppid,stat,comm")
+        except DockerError as exc:
+            raise SandboxError(f"cannot list the container's processes: {exc}") from exc
+        titles = [t.upper() for t in top.get("Titles") or []]
+        stat, comm = titles.index("STAT"), titles.index("COMMAND")
+        left = []
+        for row in top.get("Processes") or []:
+            if row[stat][:1] in ("T", "Z", "X") or row[comm] in ("docker-init", "tini"):
+                continue
+            left.append(" ".join(row))
+        return left
+
+    async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
+        """Each path's digest from the Engine API's archive of it, hashed on the host as it
+        streams (nothing runs in the container); 16 paths at a time."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        gate = asyncio.Semaphore(16)
+
+        async def one(path: str) -> str | None:
+            async with gate:
+                return await path_digest(self.container, self.resolve(path))
+
+        paths = list(paths)
+        found = await asyncio.gather(*(one(p) for p in paths))
+        return dict(zip(paths, found, strict=True))
+
     async def _mkdir(self, path: str) -> None:
         result = await self._shell.run(f"mkdir -p -- {shlex.quote(path)}")
         if result.exit_code != 0:
             raise OSError(f"cannot create {path} in the container: {result.stderr.strip()}")
 
-    async def _get_archive(self, path: str) -> tarfile.TarFile:
-        from aiodocker.exceptions import DockerError
+    async def exec(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
+        """The shell runs it; meanwhile the disk is watched, and afterwards the counters of
+        the container's limits say whether one broke the sandbox (`LimitExceeded`)."""
+        self._usable()
+        return await self._limited(super().exec(cmd, **options))
 
+    async def _limited(self, run: Coroutine[Any, Any, ExecResult]) -> ExecResult:
+        if self.limits.hit is not None:
+            run.close()
+            self.limits.raise_if_hit()
+        since = self.limits.snapshot() if self._shared_limits else None
+        watcher = asyncio.ensure_future(self.limits.watch_disk())
         try:
-            return await self.container.get_archive(path)
-        except DockerError as exc:
-            if exc.status == 404:
-                raise FileNotFoundError(
-                    f"no such file or directory in the sandbox: {path}"
-                ) from exc
-            raise SandboxError(f"reading {path} from the container: {exc}") from exc
+            result = await run
+        except SandboxError:  # the shell or container died: was a limit the cause?
+            await self.limits.check(disk=True, since=since)
+            raise
+        finally:
+            watcher.cancel()
+        killed = result.exit_code in (137, -9) or result.timed_out
+        await self.limits.check(disk=self.limits.due(), since=since, killed=killed)
+        return result
 
-    async def read_file(self, path: str) -> bytes:
-        path = self.resolve(path)
-        # Ask first: the archive of a directory is its whole tree (all of / for "/").
-        check = await self._shell.run(f"[ -d {shlex.quote(path)} ]")
-        if check.exit_code == 0:
-            raise IsADirectoryError(f"is a directory: {path}")
-        tar = await self._get_archive(path)
-        member = tar.getmembers()[0]
-        if member.isdir():
-            raise IsADirectoryError(f"is a directory: {path}")
-        if member.issym() or member.islnk():
-            target = posixpath.normpath(posixpath.join(posixpath.dirname(path), member.linkname))
-            return await self.read_file(target)
-        extracted = tar.extractfile(member)
-        if extracted is None:
-            raise OSError(f"{path} is not a regular file")
-        return extracted.read()
+    async def read_file(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
+        """A regular file's bytes, streamed from the Engine API's archive: links are followed
+        inside the container; a device, FIFO or socket is OSError, a file over `max_bytes`
+        OSError(EFBIG) before its data is read (a 1 GB sparse file is never copied)."""
+        self._usable()
+        return await read_regular(self.container, self.resolve(path), path, max_bytes)
 
     async def _put(self, directory: str, data: bytes) -> None:
-        from aiodocker.exceptions import DockerError
-
-        try:
-            await self.container.put_archive(directory, data)
-        except DockerError as exc:
-            raise SandboxError(f"writing into {directory} in the container: {exc}") from exc
+        await put_archive(self.container, directory, data)
 
     async def write_file(self, path: str, data: bytes) -> None:
+        self._usable()
         path = self.resolve(path)
         check = await self._shell.run(f"[ -d {shlex.quote(path)} ]")
         if check.exit_code == 0:
@@ -369,6 +489,7 @@ class DockerSandbox(ShellBackedSandbox):
         await self._put(parent, buffer.getvalue())
 
     async def upload(self, local: Path, remote: str) -> None:
+        self._usable()
         remote = self.resolve(remote)
         if not local.exists():
             raise FileNotFoundError(f"no such file or directory on the host: {local}")
@@ -380,15 +501,19 @@ class DockerSandbox(ShellBackedSandbox):
             await self._mkdir(parent)
             await self._put(parent, await asyncio.to_thread(_tar_of, local, name))
 
-    async def download(self, remote: str, local: Path) -> None:
+    async def download(self, remote: str, local: Path, *, max_bytes: int = 4 << 30) -> None:
+        """A file or tree from the container; the archive is written to a host file as it
+        streams and refused (OSError EFBIG) once it passes `max_bytes`."""
+        self._usable()
         remote = self.resolve(remote)
         if local.exists():
             raise FileExistsError(f"download target already exists: {local}")
-        tar = await self._get_archive(remote)
         local.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=local.parent) as tmp:
-            await asyncio.to_thread(tar.extractall, tmp, filter="data")
-            top = Path(tmp) / posixpath.basename(remote.rstrip("/") or "/")
+            archive = Path(tmp) / "archive.tar"
+            await download_tree(self.container, remote, remote, archive, max_bytes)
+            await asyncio.to_thread(_unpack, archive, Path(tmp) / "tree")
+            top = Path(tmp) / "tree" / posixpath.basename(remote.rstrip("/") or "/")
             await asyncio.to_thread(shutil.move, top, local)
 
     async def _release(self) -> None:
@@ -476,6 +601,7 @@ class DockerBackend(SandboxBackend):
                 "image": image,
                 "cpus": base.cpus or spec.cpus,
                 "memory_mb": base.memory_mb or spec.memory_mb,
+                "storage_mb": base.storage_mb or spec.storage_mb,
             }
         )
         return PreparedEnvironment(config=config, workspace_in_image=in_image)

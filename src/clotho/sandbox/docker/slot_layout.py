@@ -99,8 +99,11 @@ class SlotLayout:
         lines.append("set +e")
         return "; ".join(lines) + "; "
 
-    def shell_argv(self, shell: str, *, network: bool, hide: list[str]) -> list[str]:
-        """The command that becomes the slot's shell (`hide`: container paths to cover)."""
+    def shell_argv(
+        self, shell: str, *, network: bool, hide: list[str], chdir: str | None = None
+    ) -> list[str]:
+        """The command that becomes the slot's shell (`hide`: container paths to cover);
+        a fresh process of the slot starts the same way, in `chdir`."""
         args = [shell, "--noprofile", "--norc"] if shell == "bash" else [shell]
         if not self.isolated:
             return args
@@ -121,7 +124,7 @@ class SlotLayout:
             argv += ["--tmpfs", path]
         for source, inside in self.binds():
             argv += ["--bind", source, inside]
-        return [*argv, "--hostname", "clotho", "--chdir", self.workdir, *args]
+        return [*argv, "--hostname", "clotho", "--chdir", chdir or self.workdir, *args]
 
     def shell_command(self, shell: str, *, network: bool, hide: list[str]) -> str:
         return shlex.join(self.shell_argv(shell, network=network, hide=hide))
@@ -133,7 +136,7 @@ class SlotLayout:
 
 # Kill every process of a slot, then remove its folder. Root in the container runs it; $1 is
 # the slot's token (found in /proc/PID/environ), $2 its uid ("" without isolation), $3 the
-# folder. Rounds repeat while something was killed (a process may fork meanwhile). No forks
+# folder ("": kept, as `stop_agent` does). Rounds repeat while something was killed (a process may fork meanwhile). No forks
 # per process except the environ match, so a container with many processes is quick.
 REAP_SCRIPT = r"""
 tok="$1"; uid="$2"; dir="$3"; round=0
@@ -157,7 +160,7 @@ while [ $round -lt 10 ]; do
   [ $killed -eq 0 ] && break
   round=$((round + 1))
 done
-rm -rf -- "$dir"
+if [ -n "$dir" ]; then rm -rf -- "$dir"; fi
 """
 
 
@@ -177,3 +180,18 @@ def probe_script(layout: SlotLayout | None, *, network: bool, hide: list[str]) -
             "exit $rc",
         ]
     return "\n".join(lines) + "\n"
+
+
+def container_path(layout: SlotLayout, path: str, hide: list[str]) -> str | None:
+    """Where a path an isolated slot sees lives in the container; None for what its
+    bubblewrap covers (`/slots`, the FIFO folder): the slot sees an empty tmpfs there."""
+    path = posixpath.normpath(path)
+    if not layout.isolated:
+        return path
+    for source, inside in sorted(layout.binds(), key=lambda pair: -len(pair[1])):
+        if path == inside or path.startswith(inside.rstrip("/") + "/"):
+            return source + path[len(inside.rstrip("/")) :]
+    for covered in [SLOT_ROOT, *hide]:
+        if path == covered or path.startswith(covered + "/"):
+            return None
+    return path

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import io
 import posixpath
 import shlex
@@ -23,16 +24,28 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from clotho.sandbox.config import DockerSandboxConfig
-from clotho.sandbox.docker.archive import put_archive, read_file_from_archive
+from clotho.errors import SandboxError, TamperError
+from clotho.sandbox.base import ExecResult
+from clotho.sandbox.config import DockerSandboxConfig, base_env
+from clotho.sandbox.docker.archive import (
+    download_tree,
+    path_digest,
+    put_archive,
+    read_file_from_archive,
+)
 from clotho.sandbox.docker.backend import DockerSandbox
-from clotho.sandbox.docker.slot_layout import SlotLayout
+from clotho.sandbox.docker.fresh import STOP_UID, fresh_exec, run_exec
+from clotho.sandbox.docker.limits import LimitWatch
+from clotho.sandbox.docker.slot_layout import REAP_SCRIPT, SlotLayout, container_path
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.transfer import BIG_FILE, IS_DIR_EXIT, NOT_FOUND_EXIT, read_host_file
+
+# Exit codes of the read check: the path is not a regular file; it is over the size cap.
+_NOT_REGULAR_EXIT, _TOO_BIG_EXIT = 82, 83
 
 
 def _tree_tar(local: Path, name: str, uid: int) -> bytes:
@@ -53,6 +66,23 @@ def _extract_one(archive: bytes, top: str, local: Path) -> None:
         shutil.move(Path(tmp) / top, local)
 
 
+def _unwrap(wrapped: Path, name: str, top: str, local: Path, max_bytes: int) -> None:
+    """The outer archive holds the slot's tar as the one file `name`: unpack that tar (at
+    most `max_bytes`) and move its `top` to `local`."""
+    with tempfile.TemporaryDirectory(dir=local.parent) as tmp:
+        with tarfile.open(wrapped, mode="r:") as outer:
+            member = outer.next()
+            if member is None or not member.isfile() or member.name != name:
+                raise OSError("file transfer failed: the slot's archive is missing")
+            if member.size > max_bytes:
+                raise OSError(errno.EFBIG, f"the download is larger than {max_bytes} bytes")
+            source = outer.extractfile(member)
+            assert source is not None
+            with tarfile.open(fileobj=source, mode="r|") as tree:
+                tree.extractall(tmp, filter="data")
+        shutil.move(Path(tmp) / top, local)
+
+
 def _bytes_tar(name: str, data: bytes, uid: int) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -69,6 +99,7 @@ class SlotSandbox(DockerSandbox):
     """Slot `slot` of a container shared with other sandboxes; its workdir is its own folder."""
 
     isolation = "none"
+    _shared_limits = True
 
     def __init__(
         self,
@@ -81,11 +112,18 @@ class SlotSandbox(DockerSandbox):
         layout: SlotLayout,
         slot: int,
         retire: Callable[[SlotSandbox], Awaitable[None]],
+        hide: list[str] | None = None,
+        limits: LimitWatch | None = None,
     ) -> None:
+        """`hide`: container paths an isolated slot's bubblewrap covers besides /slots;
+        `limits`: the container's, shared by its slots."""
         super().__init__(config, docker, container, shell, labels)
+        if limits is not None:
+            self.limits = limits
         self.layout = layout
         self.slot = slot
         self.workdir = layout.sandbox_workdir
+        self.hide = list(hide or [])
         self._retire = retire
 
     @property
@@ -95,6 +133,63 @@ class SlotSandbox(DockerSandbox):
     @property
     def container_id(self) -> str:
         return str(self.container.id)
+
+    def fresh_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        """The slot's base environment (its token included, so `stop_agent` finds what a
+        fresh process started) plus `env`."""
+        return {**self.layout.env(base_env(self.layout.home, self.config.env)), **(env or {})}
+
+    def _fresh_argv(self, cmd: str, cwd: str) -> tuple[list[str], str]:
+        """(argv, the exec's working directory) of a fresh process of the slot."""
+        return ["bash", "--noprofile", "--norc", "-c", cmd], cwd
+
+    async def exec_fresh(
+        self,
+        cmd: str,
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> ExecResult:
+        """A new process started by the Engine API with the slot's view (not its shell)."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        argv, workdir = self._fresh_argv(cmd, self.resolve(cwd or self.workdir))
+        running = fresh_exec(
+            self.container, argv, env=self.fresh_env(env), timeout=timeout, cwd=workdir,
+            stdin=stdin, max_output_bytes=max_output_bytes,
+        )  # fmt: skip
+        return await self._limited(running)
+
+    async def stop_agent(self) -> None:
+        """Kill every process of this slot only (by its token: a process that cleared its
+        environment survives without isolation), its neighbours untouched."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        self._stopped = True
+        code, output = await run_exec(
+            self.container, ["sh", "-c", REAP_SCRIPT, "stop", self.layout.token, "", ""]
+        )
+        if code != 0:
+            raise SandboxError(f"stopping slot {self.slot} failed: exit {code}: {output[-500:]}")
+
+    async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
+        """As for a container, with paths as the slot sees them (`container_path`)."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        gate = asyncio.Semaphore(16)
+
+        def outer(path: str) -> str | None:
+            return container_path(self.layout, path, self.hide)
+
+        async def one(path: str) -> str | None:
+            async with gate:
+                return await path_digest(self.container, self.resolve(path), outer=outer)
+
+        paths = list(paths)
+        return dict(zip(paths, await asyncio.gather(*(one(p) for p in paths)), strict=True))
 
     async def close(self) -> None:
         """Kill every process of the slot, wipe its folder; the last slot removes the container."""
@@ -116,15 +211,60 @@ class IsolatedSlotSandbox(SlotSandbox):
 
     isolation = "bwrap"
 
-    async def read_file(self, path: str) -> bytes:
+    def _fresh_argv(self, cmd: str, cwd: str) -> tuple[list[str], str]:
+        """A fresh bubblewrap with the slot's binds, under its uid (setpriv drops root)."""
+        argv = self.layout.shell_argv(
+            "bash", network=self.config.network, hide=self.hide, chdir=cwd
+        )
+        return [*argv, "-c", cmd], "/"
+
+    async def stop_agent(self) -> None:
+        """Kill every process of the slot's uid, in or out of its bubblewrap: `kill -1` run
+        as that uid reaches exactly those (`fresh.STOP_UID`); then the daemon's process list
+        (nothing run in the container) must show none of them left."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        self._stopped = True
+        uid = self.layout.uid
+        left: list[str] = []
+        for _ in range(5):
+            await fresh_exec(
+                self.container, ["bash", "--noprofile", "--norc", "-c", STOP_UID],
+                env=self.fresh_env(None), timeout=60.0, cwd="/", user=f"{uid}:{uid}",
+            )  # fmt: skip
+            top = await self.container.top(ps_args="-o pid,uid,stat,comm")
+            rows = top.get("Processes") or []
+            left = [" ".join(r) for r in rows if r[1] == str(uid) and r[2][:1] not in "ZX"]
+            if not left:
+                return
+        raise TamperError(f"processes of slot {self.slot} survived stopping: {left[:5]}")
+
+    async def read_file(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
+        """Through the slot's shell: only a regular file (links followed with the slot's
+        view), at most `max_bytes` (OSError EFBIG beyond, before anything is copied)."""
+        self._usable()
         path = self.resolve(path)
         q = shlex.quote(path)
-        return await self._through_xfer(
-            f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; cat -- {q}",
+        check = await self._shell.run(
+            f"( [ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; "
+            f"[ -f {q} ] || exit {_NOT_REGULAR_EXIT}; "
+            f'[ "$(stat -L -c %s -- {q})" -le {max_bytes} ] || exit {_TOO_BIG_EXIT}\n)'
+        )
+        if check.exit_code == _NOT_REGULAR_EXIT:
+            raise OSError(f"not a regular file: {path}")
+        if check.exit_code == _TOO_BIG_EXIT:
+            raise OSError(errno.EFBIG, f"{path} has more than {max_bytes} bytes")
+        data = await self._through_xfer(
+            f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; "
+            f"head -c {max_bytes + 1} -- {q}",
             path,
         )
+        if len(data) > max_bytes:  # it grew meanwhile
+            raise OSError(errno.EFBIG, f"{path} has more than {max_bytes} bytes")
+        return data
 
     async def write_file(self, path: str, data: bytes) -> None:
+        self._usable()
         path = self.resolve(path)
         q = shlex.quote(path)
         name = uuid.uuid4().hex
@@ -140,6 +280,7 @@ class IsolatedSlotSandbox(SlotSandbox):
         )
 
     async def upload(self, local: Path, remote: str) -> None:
+        self._usable()
         remote = self.resolve(remote)
         if local.is_file():
             await self.write_file(remote, await read_host_file(local))
@@ -153,18 +294,32 @@ class IsolatedSlotSandbox(SlotSandbox):
             name, archive, f'mkdir -p -- {q} && tar -xf "$x" -C {q} --no-same-owner', remote
         )
 
-    async def download(self, remote: str, local: Path) -> None:
+    async def download(self, remote: str, local: Path, *, max_bytes: int = 4 << 30) -> None:
+        """The slot's shell tars the tree into its transfer folder (cut past `max_bytes`);
+        the host streams that one file to disk and unpacks it in a thread."""
+        self._usable()
         remote = self.resolve(remote)
         if local.exists():
             raise FileExistsError(f"download target already exists: {local}")
         q = shlex.quote(remote)
-        archive = await self._through_xfer(
-            f'[ -e {q} ] || exit {NOT_FOUND_EXIT}; tar -cf - -C "$(dirname -- {q})" -- '
-            f'"$(basename -- {q})"',
-            remote,
-        )
+        outer, inner = self.layout.resolve_xfer(uuid.uuid4().hex)
         local.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(_extract_one, archive, posixpath.basename(remote), local)
+        try:
+            await self._transfer(
+                f'[ -e {q} ] || exit {NOT_FOUND_EXIT}; tar -cf - -C "$(dirname -- {q})" -- '
+                f'"$(basename -- {q})" | head -c {max_bytes + 1} > {shlex.quote(inner)}',
+                remote,
+            )
+            with tempfile.TemporaryDirectory(dir=local.parent) as tmp:
+                wrapped = Path(tmp) / "wrapped.tar"
+                await download_tree(self.container, outer, remote, wrapped, max_bytes + (1 << 20))
+                await asyncio.to_thread(
+                    _unwrap, wrapped, posixpath.basename(outer), posixpath.basename(remote),
+                    local, max_bytes,
+                )  # fmt: skip
+        finally:
+            with contextlib.suppress(Exception):
+                await self._shell.run(f"rm -f -- {shlex.quote(inner)}")
 
     async def _from_xfer(self, name: str, archive: bytes, script: str, what: str) -> None:
         """Put `archive` (a tar of the one file `name`) into the transfer folder, then run

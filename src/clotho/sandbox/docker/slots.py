@@ -32,7 +32,12 @@ from typing import Any
 
 from clotho.errors import SandboxError
 from clotho.sandbox import exit_cleanup, proctree
-from clotho.sandbox.config import DockerSandboxConfig, base_env
+from clotho.sandbox.config import (
+    DEFAULT_DOCKER_MEMORY_MB,
+    DEFAULT_DOCKER_STORAGE_MB,
+    DockerSandboxConfig,
+    base_env,
+)
 from clotho.sandbox.docker.backend import (
     ImageFacts,
     ImageFactsCache,
@@ -43,6 +48,8 @@ from clotho.sandbox.docker.backend import (
 from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, make_fifos
+from clotho.sandbox.docker.fresh import run_exec
+from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.slot_layout import (
     REAP_SCRIPT,
     SLOT_UID_BASE,
@@ -57,21 +64,6 @@ from clotho.sandbox.state import make_state_dir, remove_state_dir
 log = logging.getLogger(__name__)
 
 RELAXED = ["seccomp=unconfined"]
-
-
-async def run_exec(container: Any, argv: list[str], timeout: float = 60.0) -> tuple[int, str]:
-    """Run a command as root in the container to its end: (exit code, stdout + stderr)."""
-    execution = await container.exec(argv, stdout=True, stderr=True, user="root")
-    output = bytearray()
-    async with asyncio.timeout(timeout):
-        async with execution.start(detach=False) as stream:
-            while (message := await stream.read_out()) is not None:
-                output += message.data
-        info = await execution.inspect()
-        while info.get("Running"):  # the exit code can lag the end of the stream a moment
-            await asyncio.sleep(0.01)
-            info = await execution.inspect()
-    return int(info.get("ExitCode") or 0), output.decode(errors="replace")
 
 
 class NestedShellChannel(ShellChannel):
@@ -141,6 +133,7 @@ class _SharedContainer:
     isolation: str = "none"
     bash: bool = True
     gone: bool = False  # removed from its group: takes no new slots
+    limits: LimitWatch | None = None  # the container's cgroup counters and disk watch
 
     def accepts(self) -> bool:
         young = time.monotonic() - self.created < self.lease_s / 2
@@ -248,6 +241,7 @@ class SlotHost:
         return cls(
             config, self.docker, box.container, shell, labels,
             layout=layout, slot=index, retire=lambda sb: self._give_back(box, index, layout),
+            hide=box.hide, limits=box.limits,
         )  # fmt: skip
 
     async def _give_back(
@@ -370,6 +364,14 @@ class SlotHost:
             raise
         box.isolation = isolation
         box.created = time.monotonic()
+        box.limits = LimitWatch(
+            box.container,
+            memory_mb=config.memory_mb or DEFAULT_DOCKER_MEMORY_MB,
+            pids_limit=config.pids_limit,
+            storage_mb=config.storage_mb or DEFAULT_DOCKER_STORAGE_MB,
+            check_interval_s=config.storage_check_s,
+        )
+        await box.limits.start()
 
     async def _delete(self, box: _SharedContainer) -> None:
         container, box.container = box.container, None

@@ -1,0 +1,85 @@
+"""Docker sandboxes' limits against a real engine: memory, processes and disk past their
+limits are the agent's failures (`LimitExceeded`, kind `limit`), not infrastructure.
+
+Skipped with the reason shown when no Docker daemon answers; in CI (CI=true) its absence
+fails the tests instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from tests.docker_probe import DOCKER_PROBLEM, requires_docker
+
+from clotho.errors import LimitExceeded
+from clotho.sandbox import open_sandbox
+from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.docker.backend import DockerSandbox
+from clotho.sandbox.docker.slots import SlotHost
+
+pytestmark = requires_docker
+
+ALLOCATE = "python3 -c 'x = bytearray({mb} << 20); print(len(x))'"
+
+
+@pytest.fixture(autouse=True)
+def _daemon() -> None:
+    if DOCKER_PROBLEM is not None:
+        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
+
+
+async def test_memory_past_the_limit_is_a_limit_failure() -> None:
+    async with await open_sandbox(DockerSandboxConfig(memory_mb=128)) as sb:
+        assert isinstance(sb, DockerSandbox)
+        ok = await sb.exec(ALLOCATE.format(mb=32))
+        assert ok.exit_code == 0, ok.stderr  # under the limit: fine
+        with pytest.raises(LimitExceeded, match="memory"):
+            await sb.exec(ALLOCATE.format(mb=300))
+        with pytest.raises(LimitExceeded):  # the sandbox stays failed
+            await sb.exec("true")
+    async with await open_sandbox(DockerSandboxConfig(memory_mb=128)) as sb:
+        with pytest.raises(LimitExceeded, match="memory"):
+            await sb.exec_fresh(ALLOCATE.format(mb=300), timeout=60)
+
+
+async def test_a_fork_bomb_is_contained() -> None:
+    started = time.monotonic()
+    async with await open_sandbox(DockerSandboxConfig(pids_limit=64)) as sb:
+        with pytest.raises(LimitExceeded, match="process limit"):
+            await sb.exec("b() { b | b & }; b; sleep 3", timeout=20)
+        assert isinstance(sb, DockerSandbox)
+        with pytest.raises(LimitExceeded):  # failed for good, whoever asks
+            await sb.exec_fresh("true", timeout=30)
+        top = await sb.container.top(ps_args="-o pid")
+        assert len(top["Processes"]) <= 64  # contained by the container's cgroup
+    assert time.monotonic() - started < 60
+
+
+async def test_disk_past_the_limit_is_a_limit_failure() -> None:
+    config = DockerSandboxConfig(storage_mb=40, storage_check_s=0.3)
+    async with await open_sandbox(config) as sb:
+        assert (await sb.exec("head -c 10000000 /dev/urandom > /tmp/small")).exit_code == 0
+        # Past the quota while the command runs: the container is killed mid-way.
+        with pytest.raises(LimitExceeded, match="disk"):
+            await sb.exec(
+                "for i in $(seq 40); do head -c 10000000 /dev/urandom > /tmp/f$i; sleep 0.1; done",
+                timeout=60,
+            )
+
+
+async def test_a_slots_memory_failure_is_its_own() -> None:
+    import aiodocker
+
+    host = SlotHost(aiodocker.Docker(), owns_client=True)
+    try:
+        config = DockerSandboxConfig(slots_per_container=2, slot_isolation="none", memory_mb=192)
+        a, b = await asyncio.gather(host.open(config), host.open(config))
+        with pytest.raises(LimitExceeded, match="memory"):
+            await a.exec(ALLOCATE.format(mb=400))
+        assert (await b.exec("echo fine")).stdout == "fine\n"  # the neighbour is not charged
+        await a.close()
+        await b.close()
+    finally:
+        await host.close()
