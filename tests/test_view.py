@@ -16,7 +16,11 @@ from clotho.runs.metrics import compute_metrics
 from clotho.view.app import create_app
 from clotho.view.export import render, write_groups_report
 from clotho.view.sample import append_trials, trial_record, write_groups, write_run
-from clotho.view.sources import GroupsSource, RunSource, discover
+from clotho.view.sources import COLUMNS, GroupsSource, RunSource, discover
+
+
+def col(rows: list[list[object]], name: str) -> list[object]:
+    return [row[COLUMNS.index(name)] for row in rows]
 
 
 def test_results_are_read_incrementally_and_a_line_waits_for_its_newline(tmp_path: Path) -> None:
@@ -35,7 +39,7 @@ def test_results_are_read_incrementally_and_a_line_waits_for_its_newline(tmp_pat
         f.write(record[40:] + "\n")
     append_trials(run, 100, 3)
     page = source.trials(since=5, version=version)
-    assert [r["task"] for r in page["rows"]] == [
+    assert col(page["rows"], "task") == [
         "late-task",
         "task-00100",
         "task-00101",
@@ -56,7 +60,7 @@ def test_a_rewritten_results_file_is_read_again_under_a_new_version(tmp_path: Pa
     tmp.replace(run / "results.jsonl")
     page = source.trials(since=6, version=old)
     assert page["version"] != old and page["since"] == 0
-    assert [r["i"] for r in page["rows"]] == [0, 1]
+    assert col(page["rows"], "i") == [0, 1]
 
 
 def test_summary_metrics_are_the_run_metrics(tmp_path: Path) -> None:
@@ -115,7 +119,8 @@ def test_endpoints(client: TestClient) -> None:
     runs = client.get("/api/runs").json()
     assert [(r["kind"], r["n"]) for r in runs] == [("run", 12), ("groups", 12)]
     trials = client.get("/api/run/0/trials", params={"since": 10}).json()
-    assert trials["total"] == 12 and [r["i"] for r in trials["rows"]] == [10, 11]
+    assert trials["total"] == 12 and col(trials["rows"], "i") == [10, 11]
+    assert trials["columns"] == list(COLUMNS)
     detail = client.get("/api/run/0/trial/3").json()
     assert detail["record"]["task"] == "task-00001" and detail["verifier"]["output"]
     assert client.get("/api/run/0/trial/99").status_code == 404
@@ -168,3 +173,20 @@ def test_cli_export_and_user_errors(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(cli, ["view", str(tmp_path / "empty")])
     assert result.exit_code == 2 and "no run directories" in result.output
+
+
+def test_a_finished_runs_metrics_file_is_used_until_results_change(tmp_path: Path) -> None:
+    import os
+
+    run = write_run(tmp_path / "r", 10, seed=2)
+    saved = json.loads((run / "metrics.json").read_text())
+    saved["pass_rate"] = 0.123  # not what the records say: proves which one is shown
+    (run / "metrics.json").write_text(json.dumps(saved))
+    results = run / "results.jsonl"
+    os.utime(results, (1, 1))
+    source = RunSource("0", run)
+    assert source.summary()["pass_rate"] == 0.123
+    append_trials(run, 10, 1)  # a resumed run appends: its metrics.json is stale now
+    summary = source.summary()
+    assert summary["n"] == 11
+    assert summary["pass_rate"] == compute_metrics(source.records).pass_rate != 0.123

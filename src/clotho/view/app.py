@@ -14,6 +14,9 @@ Files are read in a thread so a big results.jsonl never stalls the server's loop
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
@@ -21,6 +24,13 @@ from clotho.errors import ConfigError
 from clotho.view.sources import GroupsSource, RunSource, Source
 
 STATIC = resources.files("clotho.view") / "static"
+
+try:  # the api/dev extras have it: 10,000 table rows serialise in a few ms
+    from orjson import dumps
+except ImportError:  # pragma: no cover
+
+    def dumps(content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
 
 
 def _starlette() -> Any:
@@ -55,8 +65,14 @@ def create_app(sources: list[Source]) -> Any:
     _starlette()
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, Response
+    from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
+
+    class JSONResponse(Response):
+        media_type = "application/json"
+
+        def render(self, content: Any) -> bytes:
+            return dumps(content)
 
     by_id = {s.id: s for s in sources}
 
@@ -127,7 +143,19 @@ def create_app(sources: list[Source]) -> Any:
             return JSONResponse({"error": "no such group"}, status_code=404)
         return JSONResponse(found)
 
+    def warm() -> None:
+        for source in sources:
+            source.summary()
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        # Read every source once in the background: the first page opens on a warm index.
+        warming = asyncio.get_running_loop().run_in_executor(None, warm)
+        yield
+        warming.cancel()
+
     return Starlette(
+        lifespan=lifespan,
         routes=[
             Route("/", index),
             Route("/static/{name}", asset),
@@ -137,5 +165,5 @@ def create_app(sources: list[Source]) -> Any:
             Route("/api/run/{id}/trial/{n:int}", trial),
             Route("/api/groups/{id}", groups),
             Route("/api/groups/{id}/group/{n:int}", group),
-        ]
+        ],
     )

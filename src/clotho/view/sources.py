@@ -18,8 +18,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from clotho.runs.metrics import compute_metrics, latest
+from clotho.errors import UNSCORED_KINDS
+from clotho.runs.metrics import compute_metrics
 from clotho.runs.records import RunMetrics, TrialRecord
+
+try:  # the api/dev extras have it: 10,000 lines parse in a third of json's time
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover
+    _loads = json.loads
 
 MESSAGE_CUT = 300
 """Characters of an error message kept in a table row (the trial view has all of it)."""
@@ -60,25 +66,48 @@ class _Tail:
         return [line for line in data[:end].split(b"\n") if line.strip()], reset
 
 
-def _row(index: int, r: TrialRecord) -> dict[str, Any]:
-    """A table row: what the run view sorts and filters on, nothing more."""
-    return {
-        "i": index,
-        "task": r.task,
-        "category": r.category,
-        "attempt": r.attempt,
-        "reward": r.reward,
-        "passed": r.passed,
-        "scored": r.scored,
-        "error": r.error.kind if r.error else None,
-        "message": r.error.message[:MESSAGE_CUT] if r.error else None,
-        "turns": r.turns,
-        "tool_calls": r.tool_calls,
-        "tool_errors": r.tool_errors,
-        "duration_s": r.duration_s,
-        "stop": r.stop_reason,
-        "finished_at": r.finished_at,
-    }
+COLUMNS = (
+    "i",
+    "task",
+    "category",
+    "attempt",
+    "reward",
+    "passed",
+    "scored",
+    "error",
+    "message",
+    "turns",
+    "tool_calls",
+    "tool_errors",
+    "duration_s",
+)
+"""A table row's fields, in the order rows are sent (arrays, not objects: half the bytes)."""
+
+
+def _row(index: int, r: dict[str, Any]) -> list[Any] | None:
+    """A table row (what the run view sorts and filters on) from a results.jsonl line's
+    JSON; None when the line is no trial record."""
+    task, category = r.get("task"), r.get("category")
+    if not isinstance(task, str) or not isinstance(category, str):
+        return None
+    error = r.get("error") if isinstance(r.get("error"), dict) else None
+    kind = error.get("kind") if error else None
+    message = error.get("message") if error else None
+    return [
+        index,
+        task,
+        category,
+        r.get("attempt", 0),
+        r.get("reward"),
+        bool(r.get("passed")),
+        kind not in UNSCORED_KINDS,
+        kind,
+        message[:MESSAGE_CUT] if isinstance(message, str) else None,
+        r.get("turns", 0),
+        r.get("tool_calls", 0),
+        r.get("tool_errors", 0),
+        r.get("duration_s", 0.0),
+    ]
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -96,11 +125,14 @@ class RunSource:
     id: str
     path: Path
     kind: str = "run"
-    records: list[TrialRecord] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[list[Any]] = field(default_factory=list)
+    _records: list[TrialRecord | None] = field(default_factory=list)
     _tail: _Tail | None = None
     _metrics: RunMetrics | None = None
+    _summary: dict[str, Any] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _validating: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self._tail = _Tail(self.path / "results.jsonl")
@@ -116,47 +148,90 @@ class RunSource:
         with self._lock:
             lines, reset = self._tail.read()
             if reset:
-                self.records, self.rows = [], []
+                self.lines, self.rows, self._records = [], [], []
             if not lines and not reset:
                 return
             for line in lines:
                 try:
-                    record = TrialRecord.model_validate_json(line)
-                except ValidationError:
+                    data = _loads(line)
+                except ValueError:
                     continue  # a line cut short by a crash: skipped, as the run store does
-                self.rows.append(_row(len(self.records), record))
-                self.records.append(record)
-            self._metrics = None
+                row = _row(len(self.lines), data) if isinstance(data, dict) else None
+                if row is not None:
+                    self.rows.append(row)
+                    self.lines.append(data)
+            self._metrics = self._summary = None
+
+    @property
+    def records(self) -> list[TrialRecord]:
+        """The lines as validated records (on first use: the table needs only the rows)."""
+        with self._validating:
+            for data in self.lines[len(self._records) :]:
+                try:
+                    self._records.append(TrialRecord.model_validate(data))
+                except ValidationError:
+                    self._records.append(None)
+            return [r for r in self._records if r is not None]
+
+    def _record(self, index: int) -> TrialRecord | None:
+        try:
+            return TrialRecord.model_validate(self.lines[index])
+        except ValidationError:
+            return None
 
     def config(self) -> dict[str, Any]:
         return _read_json(self.path / "config.json") or {}
 
     def metrics(self) -> RunMetrics:
-        """Metrics of what is written so far (a run still going has no metrics.json yet)."""
+        """The run's metrics.json when it is at least as new as results.jsonl (a finished
+        run), else computed from what is written so far (a run still going)."""
         with self._lock:
             if self._metrics is None:
-                attempts = int(self.config().get("attempts") or 1)
-                attempts = max(attempts, max((r.attempt + 1 for r in self.records), default=1))
-                self._metrics = compute_metrics(self.records, attempts=attempts)
+                self._metrics = self._saved_metrics() or self._computed_metrics()
             return self._metrics
 
+    def _saved_metrics(self) -> RunMetrics | None:
+        saved, results = self.path / "metrics.json", self.path / "results.jsonl"
+        try:
+            if saved.stat().st_mtime < results.stat().st_mtime:
+                return None
+            return RunMetrics.model_validate_json(saved.read_bytes())
+        except (OSError, ValidationError):
+            return None
+
+    def _computed_metrics(self) -> RunMetrics:
+        records = self.records
+        attempts = int(self.config().get("attempts") or 1)
+        attempts = max(attempts, max((r.attempt + 1 for r in records), default=1))
+        return compute_metrics(records, attempts=attempts)
+
     def summary(self) -> dict[str, Any]:
-        """One line of the runs view."""
+        """One line of the runs view (kept until results.jsonl changes)."""
         self.refresh()
+        if self._summary is None:
+            self._summary = self._summarise()
+        return self._summary
+
+    def _summarise(self) -> dict[str, Any]:
         config = self.config()
         metrics = self.metrics()
         model = config.get("model") or {}
-        final = list(latest(self.records).values())
-        starts = [r.finished_at - r.duration_s for r in final if r.finished_at]
-        ends = [r.finished_at for r in final if r.finished_at]
+        ends = [d.get("finished_at") or 0.0 for d in self.lines]
+        starts = [
+            end - (d.get("duration_s") or 0.0)
+            for end, d in zip(ends, self.lines, strict=True)
+            if end
+        ]
+        ends = [end for end in ends if end]
         done = _read_json(self.path / "metrics.json")
+        agent = self.lines[0].get("agent") if self.lines else None
         return {
             "id": self.id,
             "kind": self.kind,
             "name": self.path.name,
             "path": str(self.path),
             "date": min(starts) if starts else _mtime(self.path),
-            "agent": config.get("agent") or (final[0].agent if final else None),
+            "agent": config.get("agent") or agent,
             "model": model.get("model") if isinstance(model, dict) else None,
             "pass_rate": metrics.pass_rate,
             "ci95": metrics.pass_rate_ci95,
@@ -189,15 +264,18 @@ class RunSource:
                 "version": self.version,
                 "since": since,
                 "total": len(self.rows),
+                "columns": COLUMNS,
                 "rows": self.rows[since:],
             }
 
     def detail(self, index: int) -> dict[str, Any] | None:
         """The trial's detail file (conversation, verifier, tokens), read on demand."""
         self.refresh()
-        if not 0 <= index < len(self.records):
+        if not 0 <= index < len(self.lines):
             return None
-        record = self.records[index]
+        record = self._record(index)
+        if record is None:
+            return {"record": self.lines[index], "run": self.path.name}
         out: dict[str, Any] = {"record": record.model_dump(mode="json")}
         if record.detail:
             trials = (self.path / "trials").resolve()
@@ -207,6 +285,7 @@ class RunSource:
                 if data is not None:
                     data["record"] = out["record"]  # the line is what was finally recorded
                     out = data
+        out["run"] = self.path.name
         return out
 
 

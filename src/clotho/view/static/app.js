@@ -165,7 +165,12 @@ async function loadRun(id) {
 function mergeRows(st, trials) {
   if (trials.version !== st.version || trials.since === 0) st.rows = [];
   st.version = trials.version;
-  st.rows.push(...trials.rows);
+  const cols = trials.columns;
+  for (const values of trials.rows) {
+    const row = {};
+    for (let c = 0; c < cols.length; c++) row[cols[c]] = values[c];
+    st.rows.push(row);
+  }
 }
 
 async function runView(id, seq) {
@@ -322,10 +327,10 @@ function renderTable(id, st) {
 
 // ---- one trial ----
 async function trialView(id, n, seq) {
-  const [overview, d] = await Promise.all([api(`/api/run/${id}`), api(`/api/run/${id}/trial/${n}`)]);
+  const d = await api(`/api/run/${id}/trial/${n}`);
   if (seq !== routeSeq) return;
   const r = d.record, res = d.agent_result || null, v = d.verifier || null;
-  crumbs([["runs", "#/"], [overview.summary.name, `#/run/${id}`], [`${r.task} #${r.attempt}`]]);
+  crumbs([["runs", "#/"], [d.run, `#/run/${id}`], [`${r.task} #${r.attempt}`]]);
   const outcome = r.passed ? '<span class="pass">passed</span>'
     : r.error && !["infra", "task", "config"].includes(r.error.kind) ? '<span class="fail">failed</span>'
     : r.error ? '<span class="muted">not scored</span>' : '<span class="fail">failed</span>';
