@@ -97,13 +97,14 @@ async def test_racing_agent_cannot_make_uploads_write_outside(
     outside.mkdir()
     outside.chmod(0o777)
     tests = tmp_path / "tests"
-    (tests / "sub").mkdir(parents=True)
-    for i in range(20):
-        (tests / "sub" / f"t{i}.py").write_text(f"print({i})\n")
+    for d in range(6):  # a tree wide enough that a swap lands mid-copy
+        (tests / f"sub{d}").mkdir(parents=True)
+        for i in range(60):
+            (tests / f"sub{d}" / f"t{i}.py").write_text(f"print({i})\n")
     (tests / "test.sh").write_text("echo hi\n")
     await sandbox.exec(swapper(str(outside)))
     failures = 0
-    for i in range(60):
+    for i in range(40):
         try:
             await sandbox.upload(tests, f"/app/t{i}")
             await sandbox.write_file(f"/app/w{i}.txt", b"w")
