@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 import time
@@ -165,3 +166,21 @@ async def test_big_files_move_without_blocking_the_loop(
     assert back == data
     assert (tmp_path / "downloaded.bin").read_bytes() == data
     assert (await sandbox.exec("cmp written.bin uploaded.bin && echo same")).stdout == "same\n"
+
+
+async def test_read_file_refuses_devices_fifos_and_big_files(sandbox: UnsafeLocalSandbox) -> None:
+    await sandbox.exec("ln -s /dev/zero zero; mkfifo fifo; truncate -s 1G sparse; echo -n abc > f")
+    for path in ("zero", "fifo"):
+        with pytest.raises(OSError) as info:
+            await asyncio.wait_for(sandbox.read_file(path), 5)
+        assert info.value.errno == errno.EINVAL
+    with pytest.raises(OSError, match=str(64 << 20)) as big:
+        await sandbox.read_file("sparse")
+    assert big.value.errno == errno.EFBIG
+    assert await sandbox.read_file("f", max_bytes=3) == b"abc"
+    with pytest.raises(OSError, match="limit of 2 bytes"):
+        await sandbox.read_file("f", max_bytes=2)
+    await sandbox.exec("mkdir d && head -c 3000 /dev/zero > d/z && ln -s /etc/passwd d/p")
+    with pytest.raises(OSError) as info:
+        await sandbox.download("d", Path(sandbox.state) / "out", max_bytes=2000)
+    assert info.value.errno == errno.EFBIG
