@@ -1,0 +1,331 @@
+"""Limits of local sandboxes (sandbox/limits.py) with real bubblewrap sandboxes and cgroups:
+memory, processes, storage, CPU quota, defaults, the task's values, and no cgroup left over."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from clotho.errors import LimitExceeded
+from clotho.sandbox import LocalSandboxConfig, open_sandbox
+from clotho.sandbox.backends import EnvironmentSpec, LocalBackend
+from clotho.sandbox.bwrap import BwrapSandbox
+from clotho.sandbox.cgroups import available
+from clotho.sandbox.config import DEFAULT_LOCAL_MEMORY_MB, DEFAULT_LOCAL_STORAGE_MB
+from clotho.sandbox.pool import PoolConfig, SlotPool
+from clotho.tasks.environment import environment_spec
+from clotho.tasks.harbor import load_task
+
+CGROUPS = Path("/sys/fs/cgroup")
+
+pytestmark = [
+    pytest.mark.bwrap,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not all(available(c) for c in ("memory", "pids", "cpu", "freezer")),
+        reason="cgroup limits need root and cgroup v1 memory, pids, cpu and freezer hierarchies",
+    ),
+]
+
+
+def cgroup(controller: str, name: str) -> Path:
+    return CGROUPS / controller / "clotho" / name
+
+
+def leftover_cgroups(name: str) -> list[Path]:
+    return [p for p in CGROUPS.glob(f"*/clotho/{name}") if p.exists()]
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+@pytest.fixture
+async def open_limited(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
+    """Open bwrap sandboxes with the given limits; each is closed and must leave no cgroup."""
+    opened: list[BwrapSandbox] = []
+
+    async def make(**limits: object) -> BwrapSandbox:
+        config = LocalSandboxConfig(state_dir=str(tmp_path / "state"), **limits)
+        sb = await open_sandbox(config, labels={"test": "limits"})
+        assert isinstance(sb, BwrapSandbox)
+        opened.append(sb)
+        return sb
+
+    yield make
+    for sb in opened:
+        await sb.close()
+        assert leftover_cgroups(sb.state.name) == []
+        assert not sb.state.exists()
+
+
+# --- memory --------------------------------------------------------------------------------
+
+
+async def test_memory_beyond_the_limit_kills_the_command_and_says_why(open_limited) -> None:
+    sb = await open_limited(memory_mb=128)
+    mem = cgroup("memory", sb.state.name)
+    assert (mem / "memory.limit_in_bytes").read_text().strip() == str(128 << 20)
+    assert (mem / "memory.memsw.limit_in_bytes").read_text().strip() == str(128 << 20)
+    started = time.monotonic()
+    result = await sb.exec("head -c 300M /dev/zero | tail; echo rc=$?", timeout=60)
+    assert time.monotonic() - started < 30
+    assert result.stdout.strip().endswith("rc=137")  # tail was killed
+    assert "[clotho: memory limit of 128 MB reached]" in result.stderr
+    assert int((mem / "agent" / "memory.oom_control").read_text().split()[-1]) >= 1
+    # The shell lived through it: the sandbox still works, and a clean command has no note.
+    again = await sb.exec("python3 -c 'x = bytearray(32 << 20); print(len(x))'")
+    assert again.ok and again.stdout == f"{32 << 20}\n" and "clotho" not in again.stderr
+
+
+async def test_memory_the_shell_cannot_survive_is_limit_exceeded(open_limited) -> None:
+    sb = await open_limited(memory_mb=128)
+    # /tmp is a tmpfs: its pages are charged to the sandbox and no kill frees them, so the
+    # shell dies, while this command runs or (after a restart of the session shell that this
+    # command reports, with its note) at the next one.
+    with pytest.raises(LimitExceeded, match="memory limit of 128 MB reached"):
+        result = await sb.exec("head -c 300M /dev/zero > /tmp/fill; echo survived", timeout=60)
+        assert "survived" not in result.stdout
+        assert "[clotho: memory limit of 128 MB reached]" in result.stderr
+        for _ in range(5):
+            await sb.exec("echo again")
+    with pytest.raises(LimitExceeded, match="memory limit"):
+        await sb.exec("echo again")
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def host_process_count() -> int:
+    return sum(1 for entry in os.listdir("/proc") if entry.isdigit())
+
+
+async def test_a_fork_bomb_is_contained_and_ends_the_sandbox(open_limited) -> None:
+    sb = await open_limited(pids_limit=64)
+    pids = cgroup("pids", sb.state.name)
+    assert (pids / "pids.max").read_text().strip() == "64"
+    before = host_process_count()
+    started = time.monotonic()
+    peak = 0
+    with pytest.raises(LimitExceeded, match="process limit of 64 reached"):
+        await sb.exec(":(){ :|:& };:", timeout=10)
+        while time.monotonic() - started < 20:
+            peak = max(peak, int((pids / "pids.current").read_text()))
+            await sb.exec("true", timeout=5)
+            await asyncio.sleep(0.05)
+    assert time.monotonic() - started < 20
+    assert peak <= 64
+    assert await wait_until(lambda: int((pids / "pids.current").read_text()) <= 1)
+    assert host_process_count() < before + 16  # nothing of the bomb is left on the host
+    with pytest.raises(LimitExceeded, match="process limit"):
+        await sb.exec("echo gone")
+
+
+async def test_a_transient_burst_of_forks_is_a_failed_command(open_limited) -> None:
+    sb = await open_limited(pids_limit=32)
+    result = await sb.exec("for i in $(seq 60); do sleep 1 & done; wait; echo done", timeout=30)
+    assert "fork" in result.stderr  # bash retried its forks, or gave up
+    assert "[clotho: process limit of 32 reached]" in result.stderr
+    assert (await sb.exec("sleep 1.5; echo still here")).stdout == "still here\n"
+
+
+# --- storage -------------------------------------------------------------------------------
+
+
+async def test_a_file_beyond_the_storage_limit_fails_at_once(open_limited) -> None:
+    """RLIMIT_FSIZE: the write fails right away (SIGXFSZ), wherever the file is. (In /tmp, a
+    tmpfs counted as memory, so the storage watch stays out of it here.)"""
+    sb = await open_limited(storage_mb=64)
+    result = await sb.exec("head -c 100M /dev/zero > /tmp/big; echo rc=$?; stat -c %s /tmp/big")
+    assert result.stdout.split() == ["rc=153", str(64 << 20)]  # SIGXFSZ, cut at the limit
+    assert "File size limit exceeded" in result.stderr
+    assert (await sb.exec("rm /tmp/big && echo removed")).stdout == "removed\n"
+    assert sb.limits.tripped is None
+
+
+async def test_files_adding_up_beyond_the_storage_limit_end_the_sandbox(open_limited) -> None:
+    sb = await open_limited(storage_mb=64)
+    with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
+        await sb.exec("for i in 1 2 3; do head -c 30M /dev/urandom > /app/f$i; done", timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            await sb.exec("true")
+            await asyncio.sleep(0.05)
+
+
+async def test_writes_below_the_storage_limit_are_fine(open_limited) -> None:
+    sb = await open_limited(storage_mb=64)
+    assert (await sb.exec("head -c 40M /dev/zero > /usr/local/f && echo ok")).stdout == "ok\n"
+    await asyncio.sleep(0.5)  # the watcher looked at least twice
+    assert (await sb.exec("stat -c %s /usr/local/f")).stdout == f"{40 << 20}\n"
+    assert sb.limits.tripped is None
+
+
+# --- defaults, cpu, the task's values ----------------------------------------------------------
+
+
+async def test_defaults_apply_when_nothing_is_set(open_limited) -> None:
+    sb = await open_limited()
+    name = sb.state.name
+    memory = cgroup("memory", name) / "memory.limit_in_bytes"
+    assert memory.read_text().strip() == str(DEFAULT_LOCAL_MEMORY_MB << 20)
+    assert (cgroup("pids", name) / "pids.max").read_text().strip() == "4096"
+    assert not cgroup("cpu", name).exists()  # no CPU quota unless asked for
+    blocks = DEFAULT_LOCAL_STORAGE_MB << 10  # bash counts KiB
+    assert (await sb.exec("ulimit -f")).stdout == f"{blocks}\n"
+    # Every process of the sandbox is in its cgroups.
+    agent = [int(p) for p in (cgroup("pids", name) / "agent" / "cgroup.procs").read_text().split()]
+    outer = sb._shell.pid
+    assert outer in agent
+    assert (await sb.exec("sleep 30 & echo started")).stdout == "started\n"
+    assert await wait_until(
+        lambda: (
+            len((cgroup("memory", name) / "agent" / "cgroup.procs").read_text().split())
+            > len(agent)
+        )
+    )
+
+
+async def test_cpus_set_a_cpu_quota(open_limited) -> None:
+    sb = await open_limited(cpus=0.5)
+    cpu = cgroup("cpu", sb.state.name)
+    assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "50000"
+    assert (cpu / "cpu.cfs_period_us").read_text().strip() == "100000"
+    assert str(sb._shell.pid) in (cpu / "agent" / "cgroup.procs").read_text().split()
+
+
+async def test_the_tasks_limits_reach_the_sandbox_through_prepare(
+    make_task, tmp_path: Path
+) -> None:
+    path = make_task(toml_extra='[environment]\nmemory = "2G"\ncpus = 1.5\nstorage = "1G"\n')
+    spec = environment_spec(load_task(path))
+    base = LocalSandboxConfig(state_dir=str(tmp_path / "state"))
+    async with SlotPool(PoolConfig()) as pool:
+        prepared = await pool.prepare(base, spec)
+        config = prepared.config
+        assert isinstance(config, LocalSandboxConfig)
+        assert (config.memory_mb, config.cpus, config.storage_mb) == (2048, 1.5, 1024)
+        assert not prepared.workspace_in_image
+        async with pool.lease(config) as sb:
+            assert isinstance(sb, BwrapSandbox)
+            name = sb.state.name
+            limit = (cgroup("memory", name) / "memory.limit_in_bytes").read_text()
+            assert limit.strip() == str(2048 << 20)
+            quota = (cgroup("cpu", name) / "cpu.cfs_quota_us").read_text()
+            assert quota.strip() == "150000"
+            assert (await sb.exec("ulimit -f")).stdout == f"{1024 << 10}\n"  # bash counts KiB
+        assert await wait_until(lambda: leftover_cgroups(name) == [])
+
+
+async def test_the_base_configs_own_limits_win_over_the_tasks() -> None:
+    spec = EnvironmentSpec(name="t", cpus=4, memory_mb=2048, storage_mb=4096)
+    base = LocalSandboxConfig(memory_mb=512, cpus=1)
+    async with SlotPool(PoolConfig()) as pool:
+        config = (await pool.prepare(base, spec)).config
+    assert isinstance(config, LocalSandboxConfig)
+    assert (config.memory_mb, config.cpus, config.storage_mb) == (512, 1, 4096)
+
+
+# --- no cgroup left behind -------------------------------------------------------------------
+
+
+async def test_close_removes_the_cgroups(open_limited) -> None:
+    sb = await open_limited(cpus=1)
+    name = sb.state.name
+    found = {p.parent.parent.name for p in leftover_cgroups(name)}
+    assert {"memory", "pids", "cpu", "freezer"} <= found
+    await sb.exec("sleep 60 >/dev/null 2>&1 &")
+    await sb.close()
+    assert leftover_cgroups(name) == []
+
+
+_OWNER = textwrap.dedent(
+    """\
+    import asyncio, sys
+    from clotho.sandbox import LocalSandboxConfig, open_sandbox
+
+    async def main():
+        sb = await open_sandbox(LocalSandboxConfig(state_dir=sys.argv[1]), {})
+        await sb.exec("sleep 300 >/dev/null 2>&1 &")
+        print(sb.state.name, flush=True)
+        await asyncio.sleep(300)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_cgroups_of_a_killed_owner_are_reaped(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    owner = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _OWNER, str(state), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert owner.stdout is not None
+        name = (await asyncio.wait_for(owner.stdout.readline(), 30)).decode().strip()
+        assert name
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        await owner.wait()
+    assert leftover_cgroups(name) and (state / name).exists()  # what the SIGKILL left
+    pool = SlotPool(PoolConfig())
+    async with pool, pool.lease(LocalSandboxConfig(state_dir=str(state))) as sb:
+        assert (await sb.exec("echo in")).stdout == "in\n"
+        assert await wait_until(lambda: leftover_cgroups(name) == [])
+        assert await wait_until(lambda: not (state / name).exists())
+
+
+async def test_listing_sweeps_empty_cgroups_whose_folder_is_gone(tmp_path: Path) -> None:
+    """An exit cleanup removes the folders only; their empty cgroups go at the next listing,
+    and not before they are a minute old (a sandbox being made has none of its processes)."""
+    name = f"clotho-sbx-sweeptest-{os.getpid()}"
+    made = [cgroup(c, name) for c in ("memory", "pids", "freezer")]
+    for path in made:
+        (path / "agent").mkdir(parents=True)
+    try:
+        await LocalBackend(str(tmp_path)).records()
+        assert all(path.exists() for path in made)  # too young
+        for path in made:
+            os.utime(path, (time.time() - 3600, time.time() - 3600))
+        await LocalBackend(str(tmp_path)).records()
+        assert leftover_cgroups(name) == []
+    finally:
+        for path in made:
+            for sub in (path / "agent", path):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+
+
+async def test_a_background_writer_is_stopped_between_commands(open_limited) -> None:
+    sb = await open_limited(storage_mb=64)
+    await sb.exec("(sleep 0.3; for i in 1 2 3; do head -c 30M /dev/zero > /app/bg$i; done) &")
+    assert await wait_until(lambda: sb.limits.tripped is not None)
+    with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
+        await sb.exec("echo after")
+
+
+async def test_without_cgroup_limits_storage_is_still_watched(open_limited) -> None:
+    sb = await open_limited(cgroup_limits=False, storage_mb=64)
+    assert not cgroup("memory", sb.state.name).exists()
+    assert not cgroup("pids", sb.state.name).exists()
+    with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
+        await sb.exec("for i in 1 2 3; do head -c 30M /dev/zero > /app/f$i; done", timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            await sb.exec("true")
+            await asyncio.sleep(0.05)
