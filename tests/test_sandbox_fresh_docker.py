@@ -127,6 +127,22 @@ async def test_stop_agent_stops_a_background_loop_for_good(sandbox: DockerSandbo
     assert (await sandbox.exec_fresh("echo ok", timeout=10)).stdout == "ok\n"
 
 
+async def test_stop_agent_without_docker_init() -> None:
+    """The shell is then pid 1, which nothing inside can stop: the host stops it."""
+    async with await open_sandbox(DockerSandboxConfig(init=False)) as sb:
+        assert isinstance(sb, DockerSandbox)
+        await sb.exec(LOOP.format(path="/tmp/beat"))
+
+        async def read(path: str) -> str:
+            return (await sb.exec_fresh(f"cat {path}", timeout=10)).stdout
+
+        await sb.stop_agent()
+        assert await still(read, "/tmp/beat")
+        ps = (await sb.exec_fresh("ps -eo pid=,stat=", timeout=10)).stdout.split("\n")
+        assert any(line.split()[:2] == ["1", "Ts"] or line.split()[:2] == ["1", "T"]
+                   for line in ps), ps  # fmt: skip
+
+
 @pytest.mark.parametrize("isolation", ["none", "bwrap"])
 async def test_slot_stop_leaves_its_neighbour_running(host: SlotHost, isolation: str) -> None:
     config = DockerSandboxConfig(slots_per_container=2, slot_isolation=isolation)

@@ -20,12 +20,15 @@ container (SIGKILL, no stop grace period) and removes it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
+import os
 import posixpath
 import secrets
 import shlex
 import shutil
+import signal
 import tarfile
 import tempfile
 import time
@@ -389,16 +392,32 @@ class DockerSandbox(ShellBackedSandbox):
         if self._closed:
             raise SandboxError("the sandbox is closed")
         self._stopped = True
+        shell = "bash"
+        left: list[str] = []
         for _ in range(5):
             result = await fresh_exec(
-                self.container, ["bash", "--noprofile", "--norc", "-c", STOP_CONTAINER],
+                self.container, [shell, "-c", STOP_CONTAINER],
                 env=self.fresh_env(None), timeout=60.0, cwd="/",
             )  # fmt: skip
+            if result.exit_code in (126, 127) and shell == "bash":
+                shell = "sh"  # an image without bash
+                continue
+            if not self.config.init:
+                await self._stop_init()
             if result.exit_code == 0 and not (left := await self._running_processes()):
                 return
         raise TamperError(
             f"processes kept running after the agent was stopped: {left or result.stderr!r}"
         )
+
+    async def _stop_init(self) -> None:
+        """Without docker-init the shell is the container's pid 1, which no signal from
+        inside can stop: SIGSTOP it from the host (a local daemon)."""
+        info = await self.container.show()
+        pid = int((info.get("State") or {}).get("Pid") or 0)
+        if pid > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
 
     async def _running_processes(self) -> list[str]:
         """What the daemon lists in the container (host `ps`) besides docker-init and

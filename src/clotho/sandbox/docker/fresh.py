@@ -166,7 +166,7 @@ async def _wait_exit(execution: Any, out: CappedSink, err: CappedSink) -> dict[s
 
 
 # Stop every process of a whole container for good, run as root by a fresh exec (bash
-# builtins only, no forks). `kill -STOP -1` freezes every process but pid 1 and the caller,
+# or sh builtins only, no forks). `kill -STOP -1` freezes every process but pid 1 and the caller,
 # atomically as far as fork is concerned; then everything is killed except docker-init
 # (pid 1) and the container's main process (pid 1's oldest child: if it exited, docker-init
 # would end the container), which stays stopped: nothing is left to continue it. Rounds
@@ -185,7 +185,7 @@ if [ "$c1" = docker-init ] || [ "$c1" = tini ]; then
 fi
 round=0
 while [ $round -lt 50 ]; do
-  kill -STOP -1 2>/dev/null
+  kill -s STOP -- -1 2>/dev/null
   killed=0
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
@@ -193,7 +193,7 @@ while [ $round -lt 50 ]; do
     read -r line < "$d/stat" 2>/dev/null || continue
     set -- ${line##*) }
     [ "$1" = Z ] && continue
-    kill -KILL "$p" 2>/dev/null && killed=$((killed + 1))
+    kill -s KILL -- "$p" 2>/dev/null && killed=$((killed + 1))
   done
   [ $killed -eq 0 ] && break
   round=$((round + 1))
@@ -205,5 +205,5 @@ echo "main=$main"
 # daemons, in or out of its bubblewrap), none of the neighbours'. Rounds while any is left.
 STOP_UID = r"""
 round=0
-while [ $round -lt 100 ] && kill -KILL -1 2>/dev/null; do round=$((round + 1)); done
+while [ $round -lt 100 ] && kill -s KILL -- -1 2>/dev/null; do round=$((round + 1)); done
 """
