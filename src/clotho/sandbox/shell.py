@@ -2,13 +2,29 @@
 
 Spawning a process per command costs 1.6 ms (bash) to 7 ms (bubblewrap); a shell that is
 already running answers in well under 0.1 ms. The host writes each command to the shell's
-stdin and reads stdout and stderr up to markers unique to the shell and the command (the
-exit code travels on the stdout marker). Two modes (`PersistentShell`): `session`, where a
-wrapper loop runs a session shell that executes commands itself, so variables and exports
-persist and `exit` restarts it; and `isolated`, where each command runs in a subshell that
-cannot touch the shell. A command that times out or whose caller is cancelled has its
-processes killed from the host; what earlier commands left in the background keeps running
-until the sandbox closes. The pipes come from a `ShellChannel`.
+stdin and reads stdout and stderr between a start and an end marker (the exit code travels
+on the stdout end marker). Two modes (`PersistentShell`): `session`, where a wrapper loop
+runs a session shell that executes commands itself, so variables and exports persist and
+`exit` restarts it; and `isolated`, where each command runs in a subshell that cannot touch
+the shell. A command that times out or whose caller is cancelled has its processes killed
+from the host; what earlier commands left in the background keeps running until the sandbox
+closes. The pipes come from a `ShellChannel`.
+
+The agent runs inside the shell and may print anything, so the protocol rests on three rules:
+
+- Every command gets a fresh random nonce (`secrets`), and its markers exist only in that
+  command's text, written as printf octal escapes: the marker bytes appear nowhere in the
+  shell's variables, functions, traps, command line, environment or `$BASH_COMMAND`, only in
+  what printf writes at the command's start and end. Nothing the agent printed before a
+  command was sent can be that command's marker.
+- Each stream is parsed as it arrives (`_Inbox`): bytes before a command's start marker and
+  between commands are dropped, a command's output keeps its head and tail within
+  `max_output_bytes`, so the host holds a bounded amount per stream whatever is printed, and
+  a stream flooding between commands is paused once it went past `_IDLE_BUDGET`.
+- The shell runs commands one at a time, so the true end marker of a command always comes
+  before the next command's start marker. A marker of the last command seen after its end
+  (the agent printed its own command's end early, and the true one followed) is a desync:
+  the shell is marked broken and every later call raises `SandboxError`.
 """
 
 from __future__ import annotations
@@ -22,19 +38,42 @@ import secrets
 import shlex
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Unpack
 
 from clotho.errors import SandboxError
 from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecOptions, ExecResult
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_READ_CHUNK = 1 << 16
 _DRAIN_TIMEOUT_S = 10.0
-# Stream readers pause their pipe beyond 2x their limit; ours must never pause (see _collect).
+# A channel's own readers never pause: the shell's parser drops what it does not keep.
 _STREAM_LIMIT = 1 << 40
+# Bytes a reader keeps before a PersistentShell takes it over (a channel's announcement line).
+_RAW_LIMIT = 1 << 20
+# Bytes a stream may send between commands before its pipe is paused until the next command
+# (only where the reader knows its transport: local processes). A background program's log
+# keeps flowing; a flood costs the host this much reading per command, then blocks the writer.
+_IDLE_BUDGET = 1 << 20
+# The status after an end marker: "<code>\n" or "<code> X\n" (the command called exit).
+_STATUS = re.compile(rb"(-?\d{1,10})( X)?")
+_STATUS_MAX = 16
+_DIAG_KEEP = 4096
+
+
+def _escaped(marker: str) -> str:
+    """`marker` as printf format text that does not contain it: its middle character becomes an
+    octal escape, so the whole marker appears only in what printf writes. (Escaping every
+    character would be no stronger, and bash reads a command from a pipe byte by byte.)"""
+    mid = len(marker) // 2
+    return f"{marker[:mid]}\\{ord(marker[mid]):03o}{marker[mid + 1 :]}"
+
+
+def new_markers() -> tuple[str, str, str]:
+    """(nonce, start marker, end marker) for one command: 64 random bits each time."""
+    nonce = secrets.token_hex(8)
+    return nonce, f"S{nonce}S", f"E{nonce}E"
 
 
 def build_command_script(
@@ -43,11 +82,12 @@ def build_command_script(
     cwd: str | None,
     env: dict[str, str] | None,
     user: str | None,
-    out_marker: str,
-    err_marker: str,
+    start: str,
+    end: str,
 ) -> bytes:
-    """The text sent to the shell for one command."""
-    lines = ["("]
+    """The text sent to the shell for one isolated command (a subshell)."""
+    s, e = _escaped(start), _escaped(end)
+    lines = [f"printf '{s}' >&2; printf '{s}'", "("]
     if cwd:
         lines.append(f"cd -- {shlex.quote(cwd)} || exit 126")
     for key, value in (env or {}).items():
@@ -59,38 +99,46 @@ def build_command_script(
     else:
         lines.append(f"eval {shlex.quote(cmd)}")
     lines.append(
-        f") </dev/null & {{ wait $!; }} 2>/dev/null; printf '%s%s\\n' {out_marker} \"$?\"; "
-        f"printf '%s' {err_marker} >&2"
+        f") </dev/null & {{ wait $!; }} 2>/dev/null; printf '{e}%s\\n' \"$?\"; printf '{e}' >&2"
     )
     return ("\n".join(lines) + "\n").encode()
 
 
-def build_session_script(cmd: str, *, cwd: str | None, out_marker: str, err_marker: str) -> bytes:
+def build_session_script(cmd: str, *, cwd: str | None, start: str, end: str) -> bytes:
     """One command run by the session shell itself: no fork, shell state persists.
 
     fds 98/99 are the protocol pipes (opened by the wrapper loop); they are restored after
     every command, so `exec >file` lasts one command. An `exit` runs the EXIT trap, which
-    prints the markers flagged `X`; the wrapper then starts a fresh session shell.
+    prints the end markers flagged `X`; the wrapper then starts a fresh session shell.
     """
+    s, e = _escaped(start), _escaped(end)
     run = f"builtin eval {shlex.quote(cmd)} </dev/null; __clotho_r=$?"
     if cwd:
         run = f"if builtin cd -- {shlex.quote(cwd)}; then {run}; else __clotho_r=126; fi"
     return (
-        f"__clotho_o={out_marker}; __clotho_e={err_marker}; builtin trap "
-        '\'builtin printf "%s%s X\\n" "$__clotho_o" "$?" >&98; '
-        'builtin printf %s "$__clotho_e" >&99\' EXIT; '
+        "builtin trap "
+        f'\'builtin printf "{e}%s X\\n" "$?" >&98; builtin printf "{e}" >&99\' EXIT; '
+        f"builtin printf '{s}' >&2; builtin printf '{s}'; "
         f"{run}; "
         "exec 1>&98 2>&99; builtin trap - EXIT; "
-        'builtin printf \'%s%s\\n\' "$__clotho_o" "$__clotho_r"; '
-        'builtin printf %s "$__clotho_e" >&2\n'
+        f"builtin printf '{e}%s\\n' \"$__clotho_r\"; "
+        f"builtin printf '{e}' >&2\n"
+    ).encode()
+
+
+def build_wrapper_loop(restart: str) -> bytes:
+    """The session mode's outer loop: a session shell, then the restart marker when it ends."""
+    r = _escaped(restart)
+    return (
+        f"while :; do bash --noprofile --norc 98>&1 99>&2; printf '{r}'; printf '{r}' >&2; done\n"
     ).encode()
 
 
 class _Capture:
     """Bytes of one stream for one command, with the middle dropped beyond a cap."""
 
-    def __init__(self, buf: bytearray, cap: int) -> None:
-        self.buf = buf
+    def __init__(self, cap: int) -> None:
+        self.buf = bytearray()
         self.cap = cap
         self.cut_at: int | None = None
         self.dropped = 0
@@ -108,71 +156,279 @@ class _Capture:
         self.dropped += excess
         self.searched = max(head, self.searched - excess)
 
-    def take(self, end: int, consumed: int) -> bytes:
-        out = bytes(self.buf[:end])
-        del self.buf[:consumed]
+    def take(self, end: int) -> bytes:
+        """The output up to `end`, at most `cap` bytes of it (plus the note of what was cut)."""
+        out = self.buf[:end]
+        if len(out) > self.cap:  # the last read came with the end marker: cut it too
+            head = self.cut_at if self.cut_at is not None else self.cap // 2
+            excess = len(out) - self.cap
+            del out[head : head + excess]
+            self.cut_at = head
+            self.dropped += excess
         if self.dropped and self.cut_at is not None:
             note = f"\n[... {self.dropped} bytes of output dropped ...]\n".encode()
-            out = out[: self.cut_at] + note + out[self.cut_at :]
-        return out
+            out[self.cut_at : self.cut_at] = note
+        return bytes(out)
 
 
-async def _read_to_marker(
-    stream: asyncio.StreamReader,
-    buf: bytearray,
-    marker: bytes,
-    cap: int,
-    *,
-    with_code: bool,
-    restart: bytes | None = None,
-) -> tuple[bytes, int | None, str]:
-    """Output up to `marker` (or the session shell's `restart` marker, if it comes first).
+# What one stream gave for one command: (output, exit code, how); how is "done", "exiting"
+# (the command called exit) or "restarted" (the session shell died and was started again).
+Frame = tuple[bytes, int | None, str]
 
-    Returns (output, exit code, how): how is "done", "exiting" (the command called exit)
-    or "restarted" (the session shell died and was started again).
+
+class _Inbox:
+    """One of the shell's streams, parsed as the bytes arrive; it holds about `cap` bytes at
+    most (plus one read), whatever the shell and its background processes print.
+
+    Phases: idle (no command: bytes are dropped), waiting for the command's start marker
+    (bytes before it are dropped: they were printed before the command began), and capturing
+    up to the end marker. Outside a capture it watches for the restart marker (the session
+    shell died and the wrapper started a new one) and for the nonce of the last command (its
+    end was already taken: a forged end came first, a desync).
     """
-    cap_state = _Capture(buf, cap)
-    longest = max(len(marker), len(restart or b""))
-    keep_tail = max(cap // 2, longest + 32)
-    while True:
-        idx = buf.find(marker, cap_state.searched)
-        ridx = buf.find(restart, cap_state.searched) if restart else -1
+
+    def __init__(
+        self, reader: ShellReader, cap: int, restart: bytes | None, wake: Callable[[], None]
+    ) -> None:
+        self._reader = reader
+        self._cap_bytes = cap
+        self._restart = restart
+        self._wake = wake
+        self._scan = bytearray()  # unmatched bytes outside a capture (at most a marker long)
+        self._capture: _Capture | None = None
+        self._start: bytes | None = None
+        self._end = b""
+        self._nonce = b""
+        self._stale: bytes | None = None
+        self._with_code = False
+        self._keep_tail = 0
+        self._idle_dropped = 0
+        self._paused = False
+        self._closing = False
+        self.result: Frame | None = None
+        self.error: str | None = None
+        self.eof: str | None = None
+        self.awaiting_restart = False
+        self.unexpected_restarts = 0
+        self.diag = bytearray()  # the last bytes dropped, for error messages
+
+    # -- the host's side ------------------------------------------------------------------
+
+    def expect(self, nonce: bytes, start: bytes, end: bytes, *, with_code: bool) -> None:
+        """The next command's markers (called before the command is written)."""
+        self._nonce, self._start, self._end, self._with_code = nonce, start, end, with_code
+        self._keep_tail = max(
+            self._cap_bytes // 2, len(end) + _STATUS_MAX + len(self._restart or b"")
+        )
+        self.result = None
+        self._idle_dropped = 0
+        self.release()
+
+    def release(self, *, for_good: bool = False) -> None:
+        """Read the pipe again if it was paused; `for_good` before the shell is closed (the
+        pipe must be read to its end, or the process is never reaped)."""
+        if for_good:
+            self._closing = True
+        if self._paused:
+            self._paused = False
+            self._reader.resume()
+
+    # -- the shell's side -----------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        if self._capture is not None:
+            self._capture.buf += data
+            self._parse_capture()
+        else:
+            self._parse_outside(data)
+
+    def feed_eof(self, why: str) -> None:
+        if self.eof is None:
+            self.eof = why
+            self._wake()
+
+    def _desync(self, what: str) -> None:
+        self.error = f"the sandbox shell's protocol broke ({what}): the sandbox is discarded"
+        self._scan.clear()
+        self._capture = None
+        self._wake()
+
+    def _drop(self, data: bytes | bytearray) -> None:
+        if not data:
+            return
+        self.diag += data[-_DIAG_KEEP:]
+        del self.diag[:-_DIAG_KEEP]
+        if self._start is None:  # idle, not waiting for a command's start
+            self._idle_dropped += len(data)
+            if self._idle_dropped > _IDLE_BUDGET and not self._paused and not self._closing:
+                self._paused = self._reader.pause()
+
+    def _parse_outside(self, data: bytes | bytearray) -> None:
+        buf = self._scan
+        buf += data
+        pos = 0
+        while True:
+            hits = []
+            if self._start is not None and (i := buf.find(self._start, pos)) >= 0:
+                hits.append((i, 0))
+            if self._restart is not None and (i := buf.find(self._restart, pos)) >= 0:
+                hits.append((i, 1))
+            if self._stale is not None and (i := buf.find(self._stale, pos)) >= 0:
+                hits.append((i, 2))
+            if not hits:
+                break
+            i, kind = min(hits)
+            self._drop(buf[pos:i])
+            if kind == 2:
+                self._desync("a marker of a finished command came again")
+                return
+            if kind == 1:
+                assert self._restart is not None
+                pos = i + len(self._restart)
+                if self.awaiting_restart:
+                    self.awaiting_restart = False
+                    self._wake()
+                else:
+                    self.unexpected_restarts += 1
+                continue
+            assert self._start is not None
+            rest = bytes(buf[i + len(self._start) :])
+            buf.clear()
+            self._start = None
+            self._capture = _Capture(self._cap_bytes)
+            self._capture.buf += rest
+            self._parse_capture()
+            return
+        keep = max(len(self._start or b""), len(self._restart or b""), len(self._stale or b"")) - 1
+        cut = max(pos, len(buf) - keep)
+        self._drop(buf[pos:cut])
+        del buf[:cut]
+
+    def _parse_capture(self) -> None:
+        cap = self._capture
+        assert cap is not None
+        buf = cap.buf
+        end, restart = self._end, self._restart
+        idx = buf.find(end, cap.searched)
+        ridx = buf.find(restart, cap.searched) if restart is not None else -1
         if ridx >= 0 and (idx < 0 or ridx < idx):
             assert restart is not None
-            return cap_state.take(ridx, ridx + len(restart)), None, "restarted"
+            self._finish((cap.take(ridx), None, "restarted"), buf[ridx + len(restart) :])
+            return
         if idx >= 0:
-            if not with_code:
-                return cap_state.take(idx, idx + len(marker)), None, "done"
-            newline = buf.find(b"\n", idx + len(marker))
-            if newline >= 0:
-                status = bytes(buf[idx + len(marker) : newline]).split()
-                code = int(status[0]) if status else -1
-                how = "exiting" if status[1:] == [b"X"] else "done"
-                return cap_state.take(idx, newline + 1), code, how
+            if not self._with_code:
+                self._finish((cap.take(idx), None, "done"), buf[idx + len(end) :])
+                return
+            status_at = idx + len(end)
+            newline = buf.find(b"\n", status_at, status_at + _STATUS_MAX + 1)
+            if newline < 0:
+                if len(buf) - status_at > _STATUS_MAX:
+                    self._desync("an end marker without a valid status")
+                    return
+                cap.searched = idx  # wait for the rest of the status line
+            else:
+                status = _STATUS.fullmatch(bytes(buf[status_at:newline]))
+                if status is None:
+                    self._desync("an end marker without a valid status")
+                    return
+                how = "exiting" if status.group(2) else "done"
+                self._finish((cap.take(idx), int(status.group(1)), how), buf[newline + 1 :])
+                return
         else:
-            cap_state.searched = max(0, len(buf) - longest + 1)
-        chunk = await stream.read(_READ_CHUNK)
-        if not chunk:
-            raise SandboxError("the sandbox shell exited unexpectedly")
-        buf += chunk
-        cap_state.trim(keep_tail)
+            longest = max(len(end), len(restart or b""))
+            cap.searched = max(cap.searched, len(buf) - longest + 1, 0)
+        cap.trim(self._keep_tail)
+
+    def _finish(self, frame: Frame, rest: bytes | bytearray) -> None:
+        rest = bytes(rest)
+        self._capture = None
+        self._stale = self._nonce
+        self.awaiting_restart = frame[2] == "exiting"
+        self.result = frame
+        self._wake()
+        self._parse_outside(rest)
+
+
+class ShellReader(asyncio.StreamReader):
+    """The stream reader a channel feeds. Until a `PersistentShell` takes it over it buffers
+    like any reader (at most `_RAW_LIMIT` bytes: a channel may read an announcement line);
+    after that every byte goes straight to the shell's parser and nothing accumulates here."""
+
+    def __init__(self) -> None:
+        super().__init__(limit=_STREAM_LIMIT)
+        self._inbox: _Inbox | None = None
+
+    def take_over(self, inbox: _Inbox) -> None:
+        self._inbox = inbox
+        pending, self._buffer = bytes(self._buffer), bytearray()
+        inbox.feed(pending)
+        if self._eof:
+            inbox.feed_eof("the sandbox shell exited unexpectedly")
+
+    def feed_data(self, data: bytes) -> None:
+        if self._inbox is not None:
+            self._inbox.feed(data)
+        elif len(self._buffer) < _RAW_LIMIT:
+            super().feed_data(data)
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        if self._inbox is not None:
+            self._inbox.feed_eof("the sandbox shell exited unexpectedly")
+
+    def set_exception(self, exc: BaseException) -> None:
+        super().set_exception(exc)
+        if self._inbox is not None:
+            self._inbox.feed_eof(f"the sandbox shell's pipe failed: {exc}")
+
+    def pause(self) -> bool:
+        """Stop reading the pipe (when the channel gave its transport); True if paused."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return False
+        with contextlib.suppress(Exception):
+            transport.pause_reading()
+            return True
+        return False
+
+    def resume(self) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            with contextlib.suppress(Exception):
+                transport.resume_reading()
+
+
+class _ShellProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """A subprocess protocol whose stdout and stderr readers are `ShellReader`s."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            pipe = transport.get_pipe_transport(fd)  # type: ignore[attr-defined]
+            if pipe is not None:
+                reader = ShellReader()
+                reader.set_transport(pipe)
+                setattr(self, name, reader)
 
 
 class ShellChannel(abc.ABC):
     """The pipes of a running shell: stdin to write, stdout and stderr to read.
 
     `ProcessChannel` is a local process (bubblewrap or plain bash); the Docker backend
-    drives a shell through FIFOs or attached over the Engine API socket.
+    drives a shell through FIFOs or attached over the Engine API socket. The readers are
+    `ShellReader`s (`_own_readers` for a channel that feeds them itself).
     """
 
-    stdout: asyncio.StreamReader
-    stderr: asyncio.StreamReader
+    stdout: ShellReader
+    stderr: ShellReader
     _shell_pid: int | None = None
 
     def _own_readers(self) -> None:
-        """Readers the channel feeds itself; like a process's, they never pause (see _collect)."""
-        self.stdout = asyncio.StreamReader(limit=_STREAM_LIMIT)
-        self.stderr = asyncio.StreamReader(limit=_STREAM_LIMIT)
+        """Readers the channel feeds itself with `feed_data`/`feed_eof`."""
+        self.stdout = ShellReader()
+        self.stderr = ShellReader()
 
     @abc.abstractmethod
     async def open(self) -> None: ...
@@ -225,7 +481,9 @@ class ProcessChannel(ShellChannel):
 
     async def open(self) -> None:
         try:
-            self._proc = await asyncio.create_subprocess_exec(
+            loop = asyncio.get_running_loop()
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ShellProtocol(limit=_STREAM_LIMIT, loop=loop),
                 *self._argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
@@ -233,13 +491,13 @@ class ProcessChannel(ShellChannel):
                 env=self._env,
                 cwd=self._cwd,
                 start_new_session=True,
-                limit=_STREAM_LIMIT,
             )
+            self._proc = asyncio.subprocess.Process(transport, protocol, loop)
         except OSError as exc:
             raise SandboxError(f"cannot start sandbox shell {self._argv[0]!r}: {exc}") from exc
-        assert self._proc.stdout is not None and self._proc.stderr is not None
-        self.stdout = self._proc.stdout
-        self.stderr = self._proc.stderr
+        assert isinstance(protocol.stdout, ShellReader) and isinstance(protocol.stderr, ShellReader)
+        self.stdout = protocol.stdout
+        self.stderr = protocol.stderr
 
     @property
     def shell_pid(self) -> int | None:
@@ -278,10 +536,11 @@ class ProcessChannel(ShellChannel):
 
 @dataclass(frozen=True)
 class _Command:
-    out_marker: str
-    err_marker: str
     since: float  # seconds since boot when it started (for telling its processes apart)
     last_pid: int | None
+
+
+_RESTART_NOTE = b"\n[the shell was restarted: shell variables were reset]\n"
 
 
 class PersistentShell:
@@ -295,6 +554,9 @@ class PersistentShell:
       terminal: shell variables and exports persist, no fork. `exit` or a crash restarts
       the session shell (the wrapper prints a restart marker). Calls with `env` or `user`
       still run isolated, so their environment cannot leak.
+
+    Output that breaks the protocol (see the module's docstring) marks the shell broken: the
+    call raises `SandboxError`, and so does every later one (a pool's health check too).
     """
 
     def __init__(
@@ -316,12 +578,12 @@ class PersistentShell:
         self._session = session
         self._started = False
         self._cap = max_output_bytes
-        self._token = secrets.token_hex(8)
-        self._restart = f"__CLOTHO_{self._token}_RESTART__".encode()
-        self._seq = 0
+        # Known to the wrapper loop only (as octal escapes), never to the session shell.
+        self._restart = f"R{secrets.token_hex(8)}R"
         self._lock = asyncio.Lock()
-        self._out = bytearray()
-        self._err = bytearray()
+        self._out: _Inbox | None = None
+        self._err: _Inbox | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._pending: _Command | None = None
         self._dead: str | None = None
 
@@ -335,45 +597,64 @@ class PersistentShell:
         await self._channel.open()
         self._started = True
         try:
+            self._out = self._take_over(self._channel.stdout)
+            self._err = self._take_over(self._channel.stderr)
             if self._session:
-                restart = self._restart.decode()
-                await self._channel.write(
-                    f"while :; do bash --noprofile --norc 98>&1 99>&2; "
-                    f"printf %s {restart}; printf %s {restart} >&2; done\n".encode()
-                )
+                await self._channel.write(build_wrapper_loop(self._restart))
             result = await self.run("true", timeout=timeout)
             if result.exit_code != 0:
                 raise SandboxError(result.stderr.strip())
             await self._channel.ready()
         except SandboxError as exc:
-            stderr = bytes(self._err).decode(errors="replace").strip()
+            said = bytes(self._err.diag) if self._err is not None else b""
+            stderr = said.decode(errors="replace").strip()
             await self.close()
             raise SandboxError(f"sandbox failed to start: {stderr or exc}") from exc
         except BaseException:
             await self.close()
             raise
 
-    async def _collect(self, out_marker: str, err_marker: str) -> list[Any]:
-        """Read stdout to its marker, then stderr to its marker.
+    def _take_over(self, reader: ShellReader) -> _Inbox:
+        if not isinstance(reader, ShellReader):
+            raise TypeError(f"a shell channel's readers must be ShellReaders, not {reader!r}")
+        restart = self._restart.encode() if self._session else None
+        inbox = _Inbox(reader, self._cap, restart, self._wake)
+        reader.take_over(inbox)
+        return inbox
 
-        Sequential reading is safe because the stream readers never pause their pipes (their
-        limit is far above any output cap). If this is cancelled mid-way (a timeout), the bytes
-        read so far stay in the buffers and a later call picks up from there.
-        """
-        restart = self._restart if self._session else None
-        out = await _read_to_marker(
-            self._channel.stdout,
-            self._out,
-            out_marker.encode(),
-            self._cap,
-            with_code=True,
-            restart=restart,
-        )
-        err = await _read_to_marker(
-            self._channel.stderr, self._err, err_marker.encode(), self._cap,
-            with_code=False, restart=restart,
-        )  # fmt: skip
-        return [out, err]
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _check_broken(self) -> None:
+        for box in (self._out, self._err):
+            if box is not None and box.error is not None:
+                self._dead = self._dead or box.error
+                raise SandboxError(box.error)
+
+    async def _wait_for(self, ready: Callable[[], bool]) -> None:
+        """Wait until `ready()`; SandboxError on a desync or a stream's end. If this is
+        cancelled (a timeout), the parsers keep their state and a later call resumes."""
+        while True:
+            self._check_broken()
+            if ready():
+                return
+            for box in (self._out, self._err):
+                if box is not None and box.eof is not None:
+                    raise SandboxError(box.eof)
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    async def _collect(self) -> list[Frame]:
+        """Both streams' frames of the command being run."""
+        out, err = self._out, self._err
+        assert out is not None and err is not None
+        await self._wait_for(lambda: out.result is not None and err.result is not None)
+        assert out.result is not None and err.result is not None
+        return [out.result, err.result]
 
     async def run(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
         """`Sandbox.exec` on this shell (`cwd` is used as given: the sandbox resolves it)."""
@@ -384,25 +665,26 @@ class PersistentShell:
                 raise SandboxError(self._dead)
             if not self._started:
                 raise SandboxError("sandbox shell is not started")
+            out, err = self._out, self._err
+            assert out is not None and err is not None
             if self._pending is not None:  # a cancelled caller left its command behind
                 with contextlib.suppress(SandboxError):
-                    await self._finish(self._pending, await self._recover(self._pending))
+                    await self._finish(await self._recover(self._pending))
                 self._pending = None
             if self._dead:
                 raise SandboxError(self._dead)
-            self._seq += 1
-            out_marker = f"__CLOTHO_{self._token}_{self._seq}_OUT__"
-            err_marker = f"__CLOTHO_{self._token}_{self._seq}_ERR__"
+            self._check_broken()
+            nonce, start, end = new_markers()
             if self._session and env is None and user is None:
-                script = build_session_script(
-                    cmd, cwd=cwd, out_marker=out_marker, err_marker=err_marker
-                )
+                script = build_session_script(cmd, cwd=cwd, start=start, end=end)
             else:
                 script = build_command_script(
-                    cmd, cwd=cwd, env=env, user=user, out_marker=out_marker, err_marker=err_marker
+                    cmd, cwd=cwd, env=env, user=user, start=start, end=end
                 )
             started = time.perf_counter()
-            command = _Command(out_marker, err_marker, proctree.boot_seconds(), proctree.last_pid())
+            command = _Command(proctree.boot_seconds(), proctree.last_pid())
+            out.expect(nonce.encode(), start.encode(), end.encode(), with_code=True)
+            err.expect(nonce.encode(), start.encode(), end.encode(), with_code=False)
             try:
                 await self._channel.write(script)
             except SandboxError as exc:
@@ -414,7 +696,7 @@ class PersistentShell:
                 try:
                     # asyncio.timeout costs a timer, not a task: this is the hot path.
                     async with asyncio.timeout(timeout):
-                        parts = await self._collect(out_marker, err_marker)
+                        parts = await self._collect()
                 except TimeoutError:
                     timed_out = True
                     parts = await self._recover(command)
@@ -424,14 +706,15 @@ class PersistentShell:
                 await self._stop_command(command)
                 raise
             except SandboxError as exc:
-                # The shell died: no further command may start reading.
+                # The shell died or broke the protocol: no further command may start.
                 self._dead = self._dead or str(exc)
                 raise
             self._pending = None
             (stdout, code, how), (stderr, _, _) = parts
-            await self._finish(command, parts)
-            if how == "restarted" and not timed_out:
-                stderr += b"\n[the shell was restarted: shell variables were reset]\n"
+            await self._finish(parts)
+            if (how == "restarted" and not timed_out) or out.unexpected_restarts:
+                stderr += _RESTART_NOTE
+            out.unexpected_restarts = err.unexpected_restarts = 0
             return ExecResult.model_construct(  # trusted values: skip validation on the hot path
                 exit_code=-9 if timed_out else (code if code is not None else -1),
                 stdout=stdout.decode(errors="replace"),
@@ -440,21 +723,17 @@ class PersistentShell:
                 duration_s=time.perf_counter() - started,
             )
 
-    async def _finish(self, command: _Command, parts: list[Any]) -> None:
+    async def _finish(self, parts: list[Frame]) -> None:
         """After `exit`, the wrapper starts a new session shell and says so on both streams."""
         if not any(how == "exiting" for _, _, how in parts):
             return
-        marker = self._restart
+        out, err = self._out, self._err
+        assert out is not None and err is not None
         try:
             async with asyncio.timeout(_DRAIN_TIMEOUT_S):
-                await _read_to_marker(
-                    self._channel.stdout, self._out, marker, self._cap, with_code=False
-                )
-                await _read_to_marker(
-                    self._channel.stderr, self._err, marker, self._cap, with_code=False
-                )
+                await self._wait_for(lambda: not out.awaiting_restart and not err.awaiting_restart)
         except (TimeoutError, SandboxError) as exc:
-            self._dead = f"the session shell did not restart: {exc}"
+            self._dead = self._dead or f"the session shell did not restart: {exc}"
             raise SandboxError(self._dead) from exc
 
     def _session_shell_pid(self) -> int | None:
@@ -485,7 +764,7 @@ class PersistentShell:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(inner, signal.SIGKILL)
 
-    async def _recover(self, command: _Command) -> list[Any]:
+    async def _recover(self, command: _Command) -> list[Frame]:
         """Stop a command that must end (timeout, cancelled caller) and read its markers.
 
         Kill its processes, twice with a grace period (under load it may not have forked
@@ -496,14 +775,14 @@ class PersistentShell:
             await self._stop_command(command)
             try:
                 async with asyncio.timeout(grace):
-                    return await self._collect(command.out_marker, command.err_marker)
+                    return await self._collect()
             except TimeoutError:
                 continue
         if self._session:
             await asyncio.to_thread(self._kill_session_shell)
         try:
             async with asyncio.timeout(_DRAIN_TIMEOUT_S):
-                return await self._collect(command.out_marker, command.err_marker)
+                return await self._collect()
         except TimeoutError:
             self._dead = "the sandbox shell stopped answering after a killed command"
             raise SandboxError(self._dead) from None
@@ -513,4 +792,7 @@ class PersistentShell:
         if not self._started:
             return
         self._started = False
+        for box in (self._out, self._err):
+            if box is not None:
+                box.release(for_good=True)
         await self._channel.close()
