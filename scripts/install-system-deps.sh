@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the Debian packages clotho's local sandbox needs (bubblewrap, util-linux for unshare).
+# Install the Debian packages clotho's local sandbox needs (bubblewrap, util-linux for unshare),
+# and Chromium with its driver for the viewer's browser test.
 # Runs apt-get only when something is missing and we are root; otherwise says what to install.
 set -euo pipefail
 
@@ -7,6 +8,9 @@ missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 command -v git >/dev/null 2>&1 || missing+=(git)
+# clotho view's browser test: headless Chromium driven through Debian's chromedriver.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

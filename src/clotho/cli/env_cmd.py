@@ -32,6 +32,10 @@ GroupOpt = Annotated[int | None, typer.Option(help="rollouts per item")]
 TokenizerOpt = Annotated[
     str | None, typer.Option(help="tokenizer folder/file with a chat template")
 ]
+WandbOpt = Annotated[
+    str | None,
+    typer.Option("--wandb", help="log to this Weights & Biases project (extra wandb)"),
+]
 
 
 def build_environment(
@@ -71,10 +75,11 @@ def process_command(
     base_url: BaseUrlOpt = None,
     group_size: GroupOpt = None,
     tokenizer: TokenizerOpt = None,
+    wandb: WandbOpt = None,
 ) -> None:
-    """Produce scored groups without a trainer: JSONL plus a static HTML page to browse them."""
-    from clotho.runs.browse import write_browser
+    """Produce scored groups without a trainer: JSONL plus a report page (clotho view's export)."""
     from clotho.trainers.jsonl import JsonlSink
+    from clotho.view.export import write_groups_report
 
     async def main() -> None:
         environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
@@ -93,8 +98,12 @@ def process_command(
         finally:
             await sink.aclose()
             await environment.close()
-            write_browser(written, out.with_suffix(".html"), f"{env}: scored groups")
-            console.print(f"{len(written)} groups in {out} (browse {out.with_suffix('.html')})")
+            write_groups_report(out, out.with_suffix(".html"), environment.stats)
+            if wandb:
+                from clotho.runs.tracking import track_groups
+
+                track_groups(out, wandb, stats=environment.stats, name=f"process-{env}")
+            console.print(f"{len(written)} groups in {out} (report {out.with_suffix('.html')})")
             console.print(f"stats: {environment.stats.model_dump()}")
 
     _run(main())
@@ -122,6 +131,7 @@ def serve_command(
     base_url: BaseUrlOpt = None,
     group_size: GroupOpt = None,
     tokenizer: TokenizerOpt = None,
+    wandb: WandbOpt = None,
 ) -> None:
     """Produce groups continuously for a trainer through the trajectory API."""
     from clotho.trainers.client import ApiClientConfig, AtroposClient
@@ -129,6 +139,12 @@ def serve_command(
 
     async def main() -> None:
         environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
+        tracker = None
+        if wandb:
+            from clotho.runs.tracking import GroupTracker
+
+            settings = environment.config.model_dump(mode="json")
+            tracker = GroupTracker(wandb, name=f"serve-{env}", config=settings, job_type="serve")
         client = AtroposClient(ApiClientConfig(url=api_url, token=api_token))
         try:
             reason = environment.untrainable()
@@ -144,8 +160,15 @@ def serve_command(
                 )
             )
             console.print(f"registered as env {registered.env_id}; producing groups (Ctrl-C stops)")
-            await produce_groups(environment, client, concurrency=concurrency)
+            await produce_groups(
+                environment,
+                client,
+                concurrency=concurrency,
+                on_group=tracker.log_group if tracker else None,
+            )
         finally:
+            if tracker:
+                tracker.finish(environment.stats)
             await client.aclose()
             await environment.close()
             console.print(f"stats: {environment.stats.model_dump()}")
@@ -161,6 +184,7 @@ def evaluate_command(
     model: ModelOpt = None,
     base_url: BaseUrlOpt = None,
     tokenizer: TokenizerOpt = None,
+    wandb: WandbOpt = None,
 ) -> None:
     """Run the environment's evaluate() and write metrics and samples into a run directory."""
     from clotho.cli.eval_cmd import print_report
@@ -175,5 +199,9 @@ def evaluate_command(
             await environment.close()
         metrics = await write_evaluation(samples, out, agent=f"env:{env}")
         print_report(metrics, out)
+        if wandb:
+            from clotho.runs.tracking import track_run
+
+            track_run(out, wandb, job_type="evaluate")
 
     _run(main())

@@ -17,6 +17,7 @@ from clotho.cli.running import run_async, user_errors
 from clotho.errors import UNSCORED_KINDS, ConfigError
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
+from clotho.runs.tracking import require_wandb, track_run
 
 console = Console(stderr=True)
 
@@ -197,6 +198,10 @@ def eval_command(
     resume: Annotated[
         bool, typer.Option(help="continue the run in --out with its saved configuration")
     ] = False,
+    wandb: Annotated[
+        str | None,
+        typer.Option("--wandb", help="log the run to this Weights & Biases project (extra wandb)"),
+    ] = None,
 ) -> None:
     """Run an agent on Harbor / Terminal-Bench tasks and report pass rates.
 
@@ -204,6 +209,8 @@ def eval_command(
     configuration is written to the run directory as config.json.
     """
     with user_errors(console):
+        if wandb:
+            require_wandb()
         data = load_config_file(config) if config else {}
         flags: dict[str, Any] = {
             "paths": [str(p) for p in paths] if paths else None,
@@ -266,3 +273,6 @@ def eval_command(
             f"continue with: clotho eval --out {out} --resume",
         )
     print_report(metrics, out)
+    if wandb:
+        with user_errors(console):
+            track_run(out, wandb)

@@ -46,8 +46,9 @@ def static_text(name: str) -> str:
     return (STATIC / name).read_text(encoding="utf-8")
 
 
-def page(data: str | None, *, inline: bool) -> str:
-    """The page: with `inline`, the CSS and JS inside it (the export), else linked."""
+def page(data: str | None, *, inline: bool, noscript: str = "") -> str:
+    """The page: with `inline`, the CSS and JS inside it (the export), else linked;
+    `noscript`: HTML shown where JavaScript does not run."""
     if inline:
         style = "<style>\n" + static_text("app.css") + "</style>"
         script = "<script>\n" + static_text("app.js").replace("</", "<\\/") + "</script>"
@@ -55,7 +56,8 @@ def page(data: str | None, *, inline: bool) -> str:
         style = '<link rel="stylesheet" href="static/app.css">'
         script = '<script src="static/app.js"></script>'
     html = static_text("index.html")
-    for key, value in (("{{STYLE}}", style), ("{{SCRIPT}}", script)):
+    fallback = f"<noscript>{noscript}</noscript>" if noscript else ""
+    for key, value in (("{{STYLE}}", style), ("{{SCRIPT}}", script), ("{{NOSCRIPT}}", fallback)):
         html = html.replace(key, value)
     return html.replace("{{DATA}}", data if data is not None else "null")
 

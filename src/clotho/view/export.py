@@ -7,6 +7,7 @@ requests from it. No server, no network: the file opens from disk in any browser
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from pathlib import Path
@@ -35,11 +36,33 @@ def snapshot(sources: list[Source], *, details: bool = True) -> dict[str, Any]:
     return {"export": True, "routes": routes}
 
 
+def _plain(sources: list[Source]) -> str:
+    """What a reader without JavaScript (a mail preview, a text browser) still sees."""
+    out = ["<p>This report needs JavaScript for its views; in short:</p><ul>"]
+    for s in sources:
+        if isinstance(s, RunSource):
+            m = s.summary()
+            rate = "-" if m["pass_rate"] is None else f"{100 * m['pass_rate']:.1f}%"
+            out.append(
+                f"<li>run {html.escape(s.path.name)}: pass rate {rate}, "
+                f"{m['n_passed']}/{m['n_scored']} passed, {m['n']} attempts</li>"
+            )
+        elif isinstance(s, GroupsSource):
+            out.append(f"<li>groups {html.escape(s.path.name)}<ul>")
+            for row in s.group_rows():
+                scores = ", ".join(
+                    f"rollout {j} score {score:g}" for j, score in enumerate(row["scores"])
+                )
+                out.append(f"<li>group {row['i']}: {html.escape(scores)}</li>")
+            out.append("</ul></li>")
+    return "".join(out) + "</ul>"
+
+
 def render(sources: list[Source], *, details: bool = True) -> str:
     data = json.dumps(snapshot(sources, details=details), separators=(",", ":"))
     # Inside <script type="application/json"> no "<" may appear ("</script" would end the
     # element, "<!--" and "<script" change how the rest is parsed): JSON writes it \u003c.
-    return page(data.replace("<", "\\u003c"), inline=True)
+    return page(data.replace("<", "\\u003c"), inline=True, noscript=_plain(sources))
 
 
 def export_html(paths: list[Path], out: Path, *, details: bool = True) -> int:

@@ -1,0 +1,210 @@
+"""`--wandb PROJECT`: runs and groups logged to Weights & Biases, offline (WANDB_MODE=offline).
+
+What W&B wrote is read back from its own files: the run's `.wandb` log (LevelDB-style
+blocks of protobuf records, parsed with wandb's own `Record` message) and its table files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("wandb")
+
+from clotho.runs.metrics import compute_metrics
+from clotho.runs.store import RunStore
+from clotho.runs.tracking import GroupTracker, track_groups, track_run
+from clotho.view.sample import write_groups, write_run
+
+BLOCK = 32768
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+
+
+def read_offline_run(folder: Path) -> dict[str, Any]:
+    """The one offline run under `folder`: its config, history steps, summary and tables.
+
+    W&B's service process writes the log behind the client: `finish()` can return before
+    the history is on disk, so this waits for the run's exit record."""
+    deadline = time.monotonic() + 60
+    while True:
+        run = _read_offline_run(folder)
+        if run["exited"] or time.monotonic() > deadline:
+            return run
+        time.sleep(0.2)
+
+
+def _read_offline_run(folder: Path) -> dict[str, Any]:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (run_dir,) = folder.glob("wandb/offline-run-*")
+    data = next(run_dir.glob("run-*.wandb")).read_bytes()
+    pos, pending, raws = 7, b"", []
+    while pos + 7 <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            raws.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            raws.append(pending + chunk)
+    out: dict[str, Any] = {
+        "config": {},
+        "history": [],
+        "summary": {},
+        "project": None,
+        "exited": False,
+    }
+    for raw in raws:
+        record = pb.Record()
+        record.ParseFromString(raw)
+        which = record.WhichOneof("record_type")
+        if which == "run":
+            out["project"] = record.run.project
+            out["name"] = record.run.display_name
+            for item in record.run.config.update:
+                out["config"][item.key] = json.loads(item.value_json)
+        elif which == "history":
+            out["history"].append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )
+        elif which == "exit":
+            out["exited"] = True
+        elif which == "summary":
+            for item in record.summary.update:
+                out["summary"][item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    out["tables"] = {
+        path.name.split("_")[0] + "/" + path.name.split("_")[1]: json.loads(path.read_text())
+        for path in run_dir.glob("files/media/table/**/*.table.json")
+    }
+    return out
+
+
+def test_a_run_directory_is_logged_step_by_step(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "qwen", 12, attempts=2, seed=5)
+    track_run(run, "clotho-test")
+    logged = read_offline_run(run)
+    assert logged["project"] == "clotho-test" and logged["name"] == "qwen"
+    assert logged["config"]["attempts"] == 2 and logged["config"]["agent"] == "llm"
+    steps = logged["history"]
+    assert [s["_step"] for s in steps] == list(range(12))
+    records = sorted(RunStore(run).load_records(), key=lambda r: r.finished_at)
+    metrics = compute_metrics(records, attempts=2)
+    last = steps[-1]
+    assert last["eval/pass_rate"] == pytest.approx(metrics.pass_rate)
+    assert last["eval/attempts"] == 12
+    for kind, n in metrics.errors.items():
+        assert last[f"errors/{kind}"] == n
+    assert steps[0]["eval/pass_rate"] in (0, 1)  # the first attempt alone
+    assert "timings/agent_s" in last and "eval/reward/std" in last
+    (table,) = logged["tables"].values()
+    assert table["columns"][:4] == ["task", "attempt", "prompt", "final_answer"]
+    assert len(table["data"]) == 12
+    first = dict(zip(table["columns"], table["data"][0], strict=True))
+    assert first["prompt"].startswith("Task task-00000:")
+    assert first["final_answer"] in ("Done: the file is fixed.", "I give up.")
+    assert first["tool_calls"] == 2
+    assert logged["summary"]["pass_rate"] == pytest.approx(metrics.pass_rate)
+    assert logged["summary"]["pass@2"] == pytest.approx(metrics.pass_at_k["2"])  # type: ignore[index]
+
+
+def test_groups_are_logged_with_why_groups_were_dropped(tmp_path: Path) -> None:
+    groups = write_groups(tmp_path / "groups.jsonl", 3, group_size=4)
+    from clotho.env.scored import GroupStats
+
+    track_groups(groups, "clotho-test", stats=GroupStats(groups=5, dropped_same_scores=2))
+    logged = read_offline_run(tmp_path)
+    steps = logged["history"]
+    assert [s["_step"] for s in steps] == [0, 1, 2]
+    assert steps[0]["train/percent_correct"] == 0.5
+    assert steps[0]["train/group_score/mean"] == 0.5
+    assert logged["summary"]["groups/dropped_same_scores"] == 2
+    (table,) = logged["tables"].values()
+    assert len(table["data"]) == 12 and table["columns"][4] == "score"
+
+
+def test_serve_logs_a_rolling_table(tmp_path: Path) -> None:
+    groups = write_groups(tmp_path / "groups.jsonl", 12, group_size=2)
+    tracker = GroupTracker(
+        "clotho-test", name="serve", config={}, job_type="serve", directory=tmp_path
+    )
+    for line in groups.read_text().splitlines():
+        tracker.log_group(json.loads(line))
+    tracker.finish()
+    logged = read_offline_run(tmp_path)
+    assert len(logged["history"]) == 12
+    assert len(logged["tables"]) == 2  # after 10 groups, and the rest at the end
+
+
+def test_without_the_extra_the_message_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from clotho.errors import ConfigError
+    from clotho.runs.tracking import require_wandb
+
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ConfigError, match=r"pip install 'clotho-rl\[wandb\]'"):
+        require_wandb()
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_clotho_eval_wandb_offline(make_task: Any, tmp_path: Path) -> None:
+    make_task("one")
+    make_task("two", category="text")
+    out = tmp_path / "run"
+    env = {**os.environ, "HOME": str(tmp_path)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "clotho.cli.main",
+            "eval",
+            str(tmp_path / "tasks"),
+            "--agent",
+            "oracle",
+            "--out",
+            str(out),
+            "--wandb",
+            "clotho-eval-test",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    logged = read_offline_run(out)
+    assert logged["project"] == "clotho-eval-test" and logged["config"]["agent"] == "oracle"
+    assert len(logged["history"]) == 2 and logged["history"][-1]["eval/pass_rate"] == 1.0
+    assert logged["summary"]["pass_rate"] == 1.0
+    (table,) = logged["tables"].values()
+    assert sorted(row[0] for row in table["data"]) == ["one", "two"]
