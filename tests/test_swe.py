@@ -336,3 +336,60 @@ def test_unknown_repo_without_network_names_the_instance(options: SweOptions) ->
 
 def test_shell_quoting_of_ids() -> None:
     assert shlex.quote("t.py::test_x[a b]") == "'t.py::test_x[a b]'"
+
+
+@requires_bwrap
+async def test_swe_environment_rollout_is_verified_by_its_tests(tmp_path: Path) -> None:
+    """The `swe` environment: bundled instances (their toy repositories built on first use,
+    no --repos-dir), the workspace at /testbed, the gold patch rewarded 1 and nothing 0."""
+    from clotho.envs.swe import SweEnv, SweEnvConfig
+
+    config = SweEnvConfig(
+        swe=SweOptions(cache_dir=str(tmp_path / "cache"), network_clone=False), max_items=2
+    )
+    env = SweEnv(config)
+    try:
+        await env.setup()
+        assert len(env.instances) == 2
+        item = await env.get_next_item()
+        assert "/testbed" in env.format_prompt(item)
+        pool = env._require_pool()
+        rewards = []
+        for fix in (True, False):
+            sandbox = await pool.acquire(env.sandbox_config(item))
+            try:
+                await env.setup_workspace(item, sandbox)
+                if fix:
+                    applied = await sandbox.exec(f"git apply <<'EOF'\n{item.patch}EOF")
+                    assert applied.ok, applied.stderr
+                result = AgentResult(messages=[])
+                rewards.append((await env.verify(item, result, sandbox)).reward)
+            finally:
+                await pool.release(sandbox)
+        assert rewards == [1.0, 0.0]
+    finally:
+        await env.close()
+
+
+@requires_bwrap
+def test_clotho_eval_runs_an_instance_file_with_repos_dir(toys: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    env = {**os.environ, "HOME": str(tmp_path), "COLUMNS": "200"}  # a cache of its own
+    result = subprocess.run(
+        [sys.executable, "-m", "clotho", "eval", str(TOY_INSTANCES), "--agent", "oracle",
+         "--repos-dir", str(toys), "--filter", "stackq.*", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["reward"] == 1.0 for r in records)
+    config = json.loads((out / "config.json").read_text())
+    assert config["swe"]["repos_dir"] == str(toys.resolve())
+    detail = json.loads((out / records[0]["detail"]).read_text())
+    verdict = json.loads(detail["verifier"]["output"])
+    assert verdict["agent_diff"].startswith("diff --git")
+    assert all(t["outcome"] == "passed" for t in verdict["tests"].values())

@@ -31,6 +31,9 @@ from clotho.swe.instance import SweInstance
 
 _OWNER_NAME = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 BUNDLED_OWNER = "clotho-examples"
+REAL_OWNER = "clotho-pypi"
+# Where scripts/build-swe-examples.sh puts the real packages' repositories.
+REAL_REPOS = Path.home() / ".cache" / "clotho" / "swe" / "pypi"
 _SHA = re.compile(r"^[0-9a-fA-F]{4,40}$")
 GIT_TIMEOUT_S = 900.0
 # A git that reads no user or system configuration and never asks for credentials.
@@ -131,6 +134,8 @@ class RepoCache:
                 built = self.bundled_examples() / name
                 if built.is_dir():
                     return slug, str(built)
+            if owner == REAL_OWNER and (REAL_REPOS / name).is_dir():  # build-swe-examples.sh
+                return slug, str(REAL_REPOS / name)
             if not self.network:
                 raise TaskError(
                     f"instance {instance.instance_id}: repo {repo}: no mirror in "

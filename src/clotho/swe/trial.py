@@ -3,6 +3,7 @@ problem statement as the instruction, FAIL_TO_PASS + PASS_TO_PASS as the verdict
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import shlex
 from pathlib import Path
@@ -78,8 +79,7 @@ class SweTrial:
         `TaskError` naming the instance and the field."""
         instance = self.instance
         snapshot = await self.cache.snapshot_async(instance)
-        for field in ("patch", "test_patch"):
-            self.cache.check_patch(snapshot, instance, field)
+        await asyncio.to_thread(self._check_patches, snapshot)
         await sandbox.upload(snapshot, self.options.testbed)
         if instance.install_cmd:
             result = await sandbox.exec(
@@ -94,6 +94,10 @@ class SweTrial:
                     f"{(result.stderr or result.stdout).strip()[-500:]}"
                 )
         return snapshot
+
+    def _check_patches(self, snapshot: Path) -> None:
+        for field in ("patch", "test_patch"):
+            self.cache.check_patch(snapshot, self.instance, field)
 
     def rollout(
         self,
