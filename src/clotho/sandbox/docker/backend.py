@@ -468,14 +468,15 @@ class DockerSandbox(ShellBackedSandbox):
             run.close()
             self.limits.raise_if_hit()
         since = self.limits.snapshot() if self._shared_limits else None
-        watcher = asyncio.ensure_future(self.limits.watch_disk())
+        watcher = self.limits.watch_disk()
         try:
             result = await run
         except SandboxError:  # the shell or container died: was a limit the cause?
             await self.limits.check(disk=True, since=since)
             raise
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
         killed = result.exit_code in (137, -9) or result.timed_out
         await self.limits.check(disk=self.limits.due(), since=since, killed=killed)
         return result
@@ -536,6 +537,7 @@ class DockerSandbox(ShellBackedSandbox):
             await asyncio.to_thread(shutil.move, top, local)
 
     async def _release(self) -> None:
+        self.limits.close()
         try:
             await delete_container(self.container)
         finally:

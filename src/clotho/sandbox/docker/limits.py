@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,13 @@ log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def _read_counter(path: Path, key: str) -> int:
-    """The value of `key` in a flat-keyed cgroup file, 0 when absent."""
+def _read_counter(fd: int | None, key: str) -> int:
+    """The value of `key` in a flat-keyed cgroup file kept open (`pread` at 0 renders it
+    afresh: 1 us, where opening it each time costs 60-140 us), 0 when absent."""
+    if fd is None:
+        return 0
     try:
-        text = path.read_text()
+        text = os.pread(fd, 4096, 0).decode()
     except OSError:
         return 0
     for line in text.splitlines():
@@ -40,6 +44,13 @@ def _read_counter(path: Path, key: str) -> int:
             with contextlib.suppress(ValueError):
                 return int(value)
     return 0
+
+
+def _open(path: Path) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def cgroup_dirs(pid: int) -> dict[str, Path]:
@@ -80,6 +91,8 @@ class LimitWatch:
         self.check_interval_s = check_interval_s
         self.hit: str | None = None  # what broke the sandbox, once known
         self._dirs: dict[str, Path] | None = None
+        self._fds: dict[str, int | None] = {}
+        self._checks: set[asyncio.Task[None]] = set()
         self._base = (0, 0)
         self._last_disk = 0.0
 
@@ -88,17 +101,27 @@ class LimitWatch:
         info = await self.container.show()
         pid = int((info.get("State") or {}).get("Pid") or 0)
         self._dirs = await asyncio.to_thread(cgroup_dirs, pid) if pid > 0 else {}
+        memory, pids = self._dirs.get("memory"), self._dirs.get("pids")
+        if memory is not None:
+            self._fds["oom"] = _open(memory / "memory.oom_control") or _open(
+                memory / "memory.events"
+            )
+        if pids is not None:
+            self._fds["pids"] = _open(pids / "pids.events")
         self._base = self._counters()
 
+    def close(self) -> None:
+        """Close the counter files. Idempotent."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
     def _counters(self) -> tuple[int, int]:
-        dirs = self._dirs or {}
-        oom = 0
-        if (memory := dirs.get("memory")) is not None:
-            oom = _read_counter(memory / "memory.oom_control", "oom_kill") + _read_counter(
-                memory / "memory.events", "oom_kill"
-            )
-        pids = _read_counter(dirs["pids"] / "pids.events", "max") if "pids" in dirs else 0
-        return oom, pids
+        return _read_counter(self._fds.get("oom"), "oom_kill"), _read_counter(
+            self._fds.get("pids"), "max"
+        )
 
     def raise_if_hit(self) -> None:
         if self.hit is not None:
@@ -168,15 +191,42 @@ class LimitWatch:
     def due(self) -> bool:
         return time.monotonic() - self._last_disk >= self.check_interval_s
 
-    async def watch_disk(self) -> None:
-        """While a command runs: check the disk every interval; a container past its quota
-        is killed (the command then fails, and `check` says why)."""
-        if self.storage_bytes is None:
+    def watch_disk(self) -> DiskWatch | None:
+        """While a command runs: check the disk every interval (a timer, cheaper than a task
+        per command); a container past its quota is killed (the command then fails, and
+        `check` says why). Cancel the returned watch when the command is done."""
+        if self.storage_bytes is None or self.hit is not None:
+            return None
+        return DiskWatch(self)
+
+
+class DiskWatch:
+    """A timer that checks a container's disk every interval until cancelled."""
+
+    def __init__(self, limits: LimitWatch) -> None:
+        self._limits = limits
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[None] | None = None
+        self._handle: asyncio.TimerHandle | None = self._loop.call_later(
+            limits.check_interval_s, self._fire
+        )
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._task = self._loop.create_task(self._check())
+
+    async def _check(self) -> None:
+        try:
+            await self._limits._check_disk()
+        except Exception as exc:  # the container went away: the command reports it
+            log.debug("disk check of %s failed: %s", self._limits.container.id, exc)
             return
-        while self.hit is None:
-            await asyncio.sleep(self.check_interval_s)
-            try:
-                await self._check_disk()
-            except Exception as exc:  # the container went away: the command reports it
-                log.debug("disk check of %s failed: %s", self.container.id, exc)
-                return
+        if self._limits.hit is None:
+            self._handle = self._loop.call_later(self._limits.check_interval_s, self._fire)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._task is not None and not self._task.done():
+            self._task.cancel()

@@ -374,6 +374,8 @@ class SlotHost:
         await box.limits.start()
 
     async def _delete(self, box: _SharedContainer) -> None:
+        if box.limits is not None:
+            box.limits.close()
         container, box.container = box.container, None
         io_dir, box.io_dir = box.io_dir, None
         if container is not None:
