@@ -42,9 +42,11 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> list[SweTrial]:
     return [SweTrial(SweInstance.model_validate(r), options, cache) for r in records]
 
 
-async def _run_all(cases: list[SweTrial], config: DockerSandboxConfig) -> list[tuple]:
+async def _run_all(
+    cases: list[SweTrial], config: DockerSandboxConfig, concurrency: int = 1
+) -> list[tuple]:
     async with SlotPool(PoolConfig(max_size=10)) as pool:
-        sem = asyncio.Semaphore(5)
+        sem = asyncio.Semaphore(concurrency)
 
         async def one(trial: SweTrial, agent) -> tuple:
             async with sem:
@@ -65,7 +67,7 @@ async def test_oracle_1_and_nop_0_in_containers(cases: list[SweTrial]) -> None:
 async def test_oracle_1_and_nop_0_in_shared_containers(cases: list[SweTrial]) -> None:
     """Ten slots per container, each with its own /testbed."""
     config = DockerSandboxConfig(slots_per_container=10)
-    for name, agent, reward, error in await _run_all(cases[:4], config):
+    for name, agent, reward, error in await _run_all(cases[:4], config, concurrency=4):
         assert error is None, (name, agent, error)
         assert reward == (1.0 if agent == "oracle" else 0.0), (name, agent)
 

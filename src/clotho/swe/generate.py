@@ -100,21 +100,26 @@ async def _run_suite(sandbox: Sandbox, timeout_s: float) -> SuiteRun:
     return SuiteRun(cases, result.stdout[-4000:])
 
 
-def problem_statement(repo_name: str, failing: list[TestCase]) -> str:
-    """From the failing tests only: names, assertion messages, a short traceback."""
+def problem_statement(repo_name: str, failing: list[str], cases: dict[str, TestCase]) -> str:
+    """From the failing tests only: names, assertion messages, a short traceback. A test
+    that is no longer even collected is named as such."""
+    n = len(failing)
     lines = [
-        f"Some behaviour of {repo_name} is broken: {len(failing)} test"
-        f"{'s' if len(failing) != 1 else ''} that used to pass now fail"
-        f"{'s' if len(failing) == 1 else ''}.",
+        f"Some behaviour of {repo_name} is broken: {n} test{'s' if n != 1 else ''} that "
+        f"used to pass now fail{'s' if n == 1 else ''}.",
         "",
     ]
-    for case in failing[:5]:
+    for test in failing[:5]:
+        case = cases.get(test)
+        if case is None:
+            lines.append(f"- `{test}`: no longer runs (it is not collected)")
+            continue
         message = case.message.strip().splitlines()[0][:300] if case.message.strip() else ""
-        lines.append(f"- `{case.nodeid}`" + (f": {message}" if message else ""))
-    if len(failing) > 5:
-        lines.append(f"- ... and {len(failing) - 5} more")
-    first = failing[0]
-    if first.text.strip():
+        lines.append(f"- `{test}`" + (f": {message}" if message else ""))
+    if n > 5:
+        lines.append(f"- ... and {n - 5} more")
+    first = next((cases[t] for t in failing if t in cases and cases[t].text.strip()), None)
+    if first is not None:
         trace = "\n".join(first.text.strip().splitlines()[-15:])
         lines += ["", f"Traceback of `{first.nodeid}` (shortened):", "```", trace, "```"]
     lines += ["", "Find the cause in the source code and fix it without changing the tests."]
@@ -230,7 +235,7 @@ def _instance(
         "instance_id": instance_id,
         "repo": repo_field or str(repo),
         "base_commit": base,
-        "problem_statement": problem_statement(name, [cases[t] for t in f2p if t in cases]),
+        "problem_statement": problem_statement(name, f2p, cases),
         "patch": gold,
         "test_patch": "",
         "FAIL_TO_PASS": f2p,
