@@ -8,6 +8,10 @@ missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 command -v git >/dev/null 2>&1 || missing+=(git)
+# --network for local sandboxes: user-mode networking, and a rule that keeps the host's own
+# services (the trajectory API on loopback) out of reach.
+command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 # clotho view's browser test: headless Chromium driven through Debian's chromedriver.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)

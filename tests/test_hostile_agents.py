@@ -64,7 +64,13 @@ TAMPERING: dict[str, str] = {
     "replaced bash": "cp /bin/true /tmp/t && cat /tmp/t > /bin/bash.new && "
     'mv /bin/bash.new "$(readlink -f /bin/bash)"',
     "ld.so.preload": "echo /tmp/evil.so > /etc/ld.so.preload",
+    "sitecustomize": "d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))') "
+    '&& mkdir -p "$d" && echo \'import os; os._exit(0)\' > "$d/sitecustomize.py"',
 }
+FORGERIES["user site"] = (
+    'd=$(python3 -m site --user-site) && mkdir -p "$d" && '
+    "echo 'import os; os._exit(0)' > \"$d/evil.pth\""
+)
 DODGES: dict[str, str] = {
     "kills its shell": "kill -9 $PPID $$",
     "stops its shell": "kill -STOP $$",

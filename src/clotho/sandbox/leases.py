@@ -105,8 +105,12 @@ def local_records(state_dir: str | None = None) -> list[SandboxRecord]:
 
 
 def remove_local(record: SandboxRecord) -> None:
-    """Kill processes still using the sandbox folder (bwrap's argv names it) and delete it."""
+    """Kill processes still using the sandbox folder (bwrap's argv names it), end its cgroups
+    (a frozen process ignores SIGKILL until its group is thawed or removed) and delete it."""
+    from clotho.sandbox.limits import remove_named
+
     assert record.path is not None
+    remove_named(record.path.name)
     needle = str(record.path).encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

@@ -40,8 +40,19 @@ BASE_PROGRAMS = (
     "timeout", "cat", "head", "grep", "sed", "awk", "jq", "diff", "cmp", "test", "mkdir",
     "rm", "tar", "find", "echo", "printf", "sort", "wc", "tr", "git", "sqlite3",
 )  # fmt: skip
-# Files that change what every program does.
-ALWAYS_WATCHED = ("/etc/ld.so.preload",)
+# Python's start-up hooks: code in them runs inside every test interpreter.
+_SITE_DIRS = (
+    "/usr/lib/python3/dist-packages",
+    *(f"/usr/lib/python3.{m}" for m in range(8, 15)),
+    *(f"/usr/local/lib/python3.{m}/{k}" for m in range(8, 15) for k in ("dist-packages", "site-packages")),
+)  # fmt: skip
+# Files that change what every program does (any change at all is tampering).
+ALWAYS_WATCHED = (
+    "/etc/ld.so.preload",
+    *(f"{d}/{hook}" for d in _SITE_DIRS for hook in ("sitecustomize.py", "usercustomize.py")),
+)
+# The verifier's own environment: no user site-packages the agent could have filled.
+VERIFIER_ENV = {"PYTHONNOUSERSITE": "1"}
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _NOT_COMMANDS = {
     "if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
@@ -258,7 +269,7 @@ async def run_verifier(
     result = await sandbox.exec_fresh(
         f"exec 2>&1; exec bash {TESTS_MOUNT}/test.sh",
         timeout=timeout_s,
-        env=task.config.verifier.env or None,
+        env={**VERIFIER_ENV, **task.config.verifier.env},
         cwd=sandbox.workdir,
     )
     await sandbox.stop_agent()  # whatever the tests started (the agent's code among it)
