@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import math
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -359,3 +363,92 @@ async def test_context_limits(gguf_path: Path, smol: TemplateTokenizer) -> None:
         await small.aclose()
     with pytest.raises(ModelError, match="closed"):
         await small.generate([1, 2], TokenSampling(max_tokens=1))
+
+
+# --- cancellation ------------------------------------------------------------------------------
+
+
+@needs_llama
+async def test_a_cancelled_generation_stops_at_the_next_token(
+    client: LlamaCppTokenClient, smol: TemplateTokenizer
+) -> None:
+    """Cancelling stops the running generation and the ones waiting for the model within a
+    decode step, and the model gives the same answers afterwards."""
+    prompt = chat_ids(smol, "Tell me a very long story about a dragon.")
+    before = await client.generate(prompt, greedy(client, max_tokens=12))
+    long = TokenSampling(max_tokens=900, temperature=0.0)  # no stop id: ~9 s of work each
+    calls = [asyncio.ensure_future(client.generate(prompt, long)) for _ in range(3)]
+    await asyncio.sleep(0.5)
+    started = time.monotonic()
+    for call in calls:
+        call.cancel()
+    _, pending = await asyncio.wait(calls, timeout=5)
+    assert not pending and all(call.cancelled() for call in calls)
+    assert time.monotonic() - started < 2.0
+    again = await asyncio.wait_for(client.generate(prompt, greedy(client, max_tokens=12)), 30)
+    assert again.token_ids == before.token_ids
+
+
+SIGTERM_SCRIPT = """
+import asyncio, json, sys
+import typer
+from rich.console import Console
+from clotho.chat.local_model import load_embedded_model
+from clotho.chat.tokens import TokenSampling
+from clotho.cli.running import run_async
+
+out = sys.argv[1]
+
+async def main():
+    client, tok = load_embedded_model(n_ctx=8192)
+    chat = [{"role": "user", "content": "Write a very long story."}]
+    ids = tok.encode(tok.render(chat, add_generation_prompt=True))
+    first = await client.generate(ids, TokenSampling(max_tokens=8, temperature=0.0))
+    with open(out, "w") as f:
+        json.dump(first.token_ids, f)
+    print("generating", flush=True)
+    # Three generations of minutes each (no stop id), queued on the one model.
+    long = [TokenSampling(max_tokens=6000, temperature=0.8, seed=i) for i in range(3)]
+    await asyncio.gather(*(client.generate(ids, s) for s in long))
+
+try:
+    run_async(main(), Console(), interrupted=f"results kept in {out}")
+except typer.Exit as stop:  # what Typer makes of it in the CLI
+    sys.exit(stop.exit_code)
+"""
+
+
+@needs_llama
+def test_sigterm_during_generation_exits_within_seconds_and_keeps_results(
+    tmp_path: Path,
+) -> None:
+    """A command stopped with SIGTERM while the embedded model generates (the CLI's own
+    run_async: cancel, then asyncio.run's shutdown, which waits for worker threads) exits in
+    seconds with code 130, and what it finished before is kept."""
+    script = tmp_path / "generate.py"
+    script.write_text(SIGTERM_SCRIPT)
+    out = tmp_path / "first.json"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line == "generating\n", line + proc.stdout.read()
+        time.sleep(2.0)  # well inside the long generations
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        rest, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert took < 10, f"exit took {took:.1f} s after SIGTERM"
+    assert proc.returncode == 130, rest
+    assert f"results kept in {out}" in " ".join(rest.split())
+    assert len(json.loads(out.read_text())) == 8

@@ -38,6 +38,12 @@ DEFAULT_N_CTX = 8192
 _CTX_PAD = 256
 # Below this temperature sampling is greedy (vLLM's epsilon).
 _GREEDY_EPS = 1e-5
+# How often a call waiting for the model looks whether it was cancelled.
+_LOCK_POLL_S = 0.05
+
+
+class _Stopped(Exception):
+    """A generation stopped because its caller was cancelled (never seen by the caller)."""
 
 
 def find_smollm2_gguf() -> Path:
@@ -145,7 +151,7 @@ class LlamaCppTokenClient:
 
     One context, so calls are serialized: concurrent `generate` calls wait for each other (a
     thread lock, which also works across event loops); each runs in a worker thread so the
-    event loop stays free. A cancelled call still finishes its generation in the thread.
+    event loop stays free. A cancelled call stops its generation at the next token.
 
     `n_ctx` is capped at the context the model was trained for, then rounded up to a multiple
     of 256 as llama.cpp does; the `n_ctx` attribute is the real one. `end_of_turn_ids` (default:
@@ -220,9 +226,23 @@ class LlamaCppTokenClient:
             raise ModelError(f"llama.cpp cannot load {self.model_path}: {exc}") from exc
 
     async def generate(self, prompt_ids: Sequence[int], sampling: TokenSampling) -> Generation:
+        """Generate in a worker thread. A cancelled call stops the thread at its next token
+        (or prompt batch, or while it waits for the model) and returns once it has stopped,
+        so a cancelled run never leaves generations behind for shutdown to wait on."""
         prompt = [int(i) for i in prompt_ids]
         started = time.perf_counter()
-        generation = await asyncio.to_thread(self._generate, prompt, sampling)
+        stop = threading.Event()
+        work = asyncio.ensure_future(asyncio.to_thread(self._generate, prompt, sampling, stop))
+        try:
+            generation = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            stop.set()
+            # The thread ends within one decode step; waiting keeps the model's lock and the
+            # executor free once this returns. (Cancelled again: it still ends on its own.)
+            await asyncio.wait([work])
+            if not work.cancelled():
+                work.exception()  # retrieved: the thread's _Stopped is expected
+            raise
         generation.latency_s = time.perf_counter() - started
         return generation
 
@@ -236,7 +256,9 @@ class LlamaCppTokenClient:
                 self._llm.close()
                 self._llm = None
 
-    def _generate(self, prompt: list[int], sampling: TokenSampling) -> Generation:
+    def _generate(
+        self, prompt: list[int], sampling: TokenSampling, stop: threading.Event | None = None
+    ) -> Generation:
         _check_sampling(sampling)
         if not prompt:
             raise ModelError("the prompt has no tokens")
@@ -250,27 +272,40 @@ class LlamaCppTokenClient:
                 f"{self.n_ctx} tokens with room to generate"
             )
         budget = min(sampling.max_tokens, room)
-        with self._lock:
+        stop = stop or threading.Event()
+        while not self._lock.acquire(timeout=_LOCK_POLL_S):  # another call has the model
+            if stop.is_set():
+                raise _Stopped
+        try:
             if self._llm is None:
                 raise ModelError("the local model is closed")
             try:
-                return self._sample(self._llm, prompt, budget, sampling)
+                return self._sample(self._llm, prompt, budget, sampling, stop)
             except RuntimeError as exc:  # llama_decode failed: the cache is in doubt
                 self._llm.n_tokens = self._batched = 0
                 raise ModelError(f"llama.cpp failed: {exc}") from exc
+        finally:
+            self._lock.release()
 
     def _sample(
-        self, llm: Llama, prompt: list[int], budget: int, sampling: TokenSampling
+        self,
+        llm: Llama,
+        prompt: list[int],
+        budget: int,
+        sampling: TokenSampling,
+        stop: threading.Event,
     ) -> Generation:
         ids: list[int] = []
         logprobs: list[float] = []
         finish: FinishReason = "length"
         if budget == 0:
             return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish)
-        self._prefill(llm, prompt)
+        self._prefill(llm, prompt, stop)
         stops = set(sampling.stop_token_ids)
         rng = np.random.default_rng(sampling.seed)
         while True:
+            if stop.is_set():
+                raise _Stopped
             logits = self._last_logits(llm)
             token = choose_token(logits, sampling, rng)
             ids.append(token)
@@ -283,7 +318,7 @@ class LlamaCppTokenClient:
             llm.eval([token])
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish)
 
-    def _prefill(self, llm: Llama, prompt: list[int]) -> None:
+    def _prefill(self, llm: Llama, prompt: list[int], stop: threading.Event) -> None:
         """Evaluate the prompt, reusing the KV cache of the prefix it shares with the last prompt.
 
         llama.cpp's one-token step (a decode) rounds differently from a batch of two or more
@@ -308,6 +343,8 @@ class LlamaCppTokenClient:
         self._batched = 0  # until the prompt is in
         start = keep
         for size in _batch_sizes(len(prompt) - keep, llm.n_batch):
+            if stop.is_set():  # the cache holds what was evaluated: still consistent
+                raise _Stopped
             llm.eval(prompt[start : start + size])
             start += size
         self._batched = len(prompt)
