@@ -63,6 +63,10 @@ def view_command(
         chosen_port = port or free_port(host)
     import uvicorn
 
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"[yellow]warning:[/] listening on {host}: anyone who can reach it reads these runs"
+        )
     shown = f"[{host}]" if ":" in host else host
     console.print(
         f"clotho view: http://{shown}:{chosen_port}/  ({len(sources)} sources; Ctrl-C stops)"

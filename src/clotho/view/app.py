@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover
 def _starlette() -> Any:
     try:
         import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError as exc:
         raise ConfigError(
             "clotho view needs Starlette and uvicorn: pip install 'clotho-rl[api]'"
