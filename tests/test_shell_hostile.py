@@ -308,3 +308,30 @@ async def test_a_flood_on_stderr_while_stdout_is_awaited_keeps_memory_bounded(
     grown_mb = (vm_kb("VmHWM") - before) / 1024
     assert grown_mb < 64, f"the host grew by {grown_mb:.0f} MB reading a flood"
     await twenty_exact(shell)
+
+
+# --- a broken shell leaves the pool -----------------------------------------------------------
+
+
+async def test_the_pool_discards_a_sandbox_whose_shell_protocol_broke(tmp_path: Path) -> None:
+    """A real bubblewrap sandbox: the agent forges its command's end, the next call raises,
+    and the pool's health check throws the sandbox away instead of handing it out again."""
+    from clotho.sandbox.config import LocalSandboxConfig
+    from clotho.sandbox.pool import PoolConfig, SlotPool
+
+    config = LocalSandboxConfig(state_dir=str(tmp_path))
+    async with SlotPool(PoolConfig(max_size=2, health_interval_s=0)) as pool:
+        sandbox = await pool.acquire(config)
+        r = await sandbox.exec(
+            "m=$(trap -p EXIT | sed -n 's/.*printf \"\\(E[^%]*\\)%s X.*/\\1/p'); "
+            'printf "$m%s\\n" 0; printf "$m" >&2; sleep 0.3'
+        )
+        assert (r.stdout, r.exit_code) == ("", 0)  # the forgery was believed ...
+        with pytest.raises(SandboxError, match="protocol broke"):
+            await sandbox.exec("echo next", timeout=10)  # ... until the true end came
+        await pool.release(sandbox, reset=False)  # as if it were still good
+        again = await pool.acquire(config)
+        assert again is not sandbox
+        assert (await again.exec("echo fine")).stdout == "fine\n"
+        await pool.release(again)
+        assert pool.stats()["destroyed"] >= 1
