@@ -154,10 +154,13 @@ async def generate(
     repo_field: str | None = None,
     max_tries: int | None = None,
     timeout_s: float = SUITE_TIMEOUT_S,
+    max_fail_fraction: float = 0.5,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Up to `n` validated instances of `repo` (a git repository whose HEAD is the fixed
-    code). Each candidate costs one run of the suite; at most `max_tries` (default 6n)."""
+    code). Each candidate costs one run of the suite; at most `max_tries` (default 6n). A bug
+    that breaks more than `max_fail_fraction` of the passing tests (an import-time failure
+    breaks them all) is dropped: it says nothing about where the bug is."""
     repo = repo.resolve()
     if not (repo / ".git").exists() and not (repo / "HEAD").exists():
         raise ConfigError(f"{repo}: not a git repository")
@@ -204,8 +207,8 @@ async def generate(
                     now = after.passed()
                     f2p = sorted(passing - now)
                     p2p = sorted(passing & now)
-                    if not f2p or not after.cases:
-                        continue
+                    if not f2p or not p2p or len(f2p) > max_fail_fraction * len(passing):
+                        continue  # nothing broke, or (nearly) everything did: no clue where
                     instance = _instance(repo, name, parent, mutation, f2p, p2p, after,
                                          repo_field)  # fmt: skip
                     instances.append(instance)
