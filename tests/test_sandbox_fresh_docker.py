@@ -213,3 +213,20 @@ async def test_read_file_only_regular_files_under_the_cap(sandbox: DockerSandbox
         await sandbox.read_file("small", max_bytes=2)
     assert info.value.errno == errno.EFBIG
     assert await sandbox.read_file("link") == b"hi\n"
+
+
+async def test_host_and_engine_api_digests_agree(sandbox: DockerSandbox) -> None:
+    """The host's view (`/proc/<pid>/root`) and the Engine API's archives give one answer,
+    so either may stand in for the other; a link out of the container stays inside it."""
+    from clotho.sandbox.docker.archive import path_digest
+
+    await sandbox.exec(
+        "ln -s /etc/hostname /tmp/abs; ln -s ../../etc/passwd /tmp/rel; mkfifo /tmp/fifo; "
+        "ln -s /proc/1/root/etc /tmp/magic; printf x > /tmp/plain; chmod 4755 /tmp/plain"
+    )
+    paths = ["/usr/bin/python3", "/bin/sh", "/usr/bin/awk", "/tmp/abs", "/tmp/rel",
+             "/tmp/fifo", "/tmp/plain", "/etc", "/nope", "/nope/deeper"]  # fmt: skip
+    host = await sandbox.digests(paths)
+    api = {p: await path_digest(sandbox.container, p) for p in paths}
+    assert host == api
+    assert host["/tmp/plain"] == f"sha256:{hashlib.sha256(b'x').hexdigest()}:4755"

@@ -222,16 +222,22 @@ _GO_TYPE = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21)
 async def stat_path(container: Any, path: str) -> PathStat | None:
     """`HEAD /containers/{id}/archive?path=`: the entry's stat from its header; None when
     the daemon finds nothing (or will not say)."""
+    import aiohttp
+
+    # aiodocker raises on any status >= 400 by parsing the (empty) body of a HEAD answer, so
+    # the request is made with the client's session directly: only a 404 means nothing.
     try:
-        async with container.docker._query(
-            f"containers/{container.id}/archive", method="HEAD", params={"path": path}
-        ) as response:
+        await container.docker._check_version()
+        url = container.docker._canonicalize_url(f"containers/{container.id}/archive")
+        async with container.docker.session.head(url, params={"path": path}) as response:
+            status = response.status
             header = response.headers.get("X-Docker-Container-Path-Stat")
-            response.close()
-    except Exception:  # a 404 comes back as an error whose empty body aiodocker cannot parse
+    except (aiohttp.ClientError, OSError) as exc:
+        raise SandboxError(f"cannot ask the Docker daemon about {path}: {exc}") from exc
+    if status == 404:
         return None
-    if not header:
-        return None
+    if status != 200 or not header:
+        raise SandboxError(f"the Docker daemon answered {status} about {path}")
     try:
         info = json.loads(base64.b64decode(header))
         return PathStat(int(info["mode"]), int(info["size"]), str(info.get("linkTarget") or ""))

@@ -60,6 +60,7 @@ from clotho.sandbox.docker.fifo import DockerFifoChannel, main_shell_command, ma
 from clotho.sandbox.docker.fresh import STOP_CONTAINER, fresh_exec
 from clotho.sandbox.docker.images import ensure_context_image, image_exists
 from clotho.sandbox.docker.limits import LimitWatch
+from clotho.sandbox.docker.rootfs import host_digests
 from clotho.sandbox.leases import (
     DOCKER_IO,
     SandboxRecord,
@@ -438,24 +439,35 @@ class DockerSandbox(ShellBackedSandbox):
         return left
 
     async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
-        """Each path's digest from the Engine API's archive of it, hashed on the host as it
-        streams (nothing runs in the container); 16 paths at a time."""
+        """Each path's digest, computed on the host with nothing run in the container:
+        through `/proc/<pid 1>/root` with links kept inside it (`rootfs.py`, a local daemon:
+        230 programs in tens of ms), else from the Engine API's archive of each path,
+        hashed as it streams (about 34 ms a path: the daemon mounts the container each
+        time)."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
+        paths = list(paths)
+
+        def outer(path: str) -> str | None:
+            return self._container_path(self.resolve(path))
+
+        info = await self.container.show()
+        pid = int((info.get("State") or {}).get("Pid") or 0)
+        if pid > 0:
+            found = await asyncio.to_thread(host_digests, pid, paths, outer)
+            if found is not None:
+                return found
         gate = asyncio.Semaphore(16)
 
         async def one(path: str) -> str | None:
             async with gate:
-                return await path_digest(self.container, self.resolve(path))
+                return await path_digest(self.container, self.resolve(path), outer=outer)
 
-        paths = list(paths)
-        found = await asyncio.gather(*(one(p) for p in paths))
-        return dict(zip(paths, found, strict=True))
+        return dict(zip(paths, await asyncio.gather(*(one(p) for p in paths)), strict=True))
 
-    async def _mkdir(self, path: str) -> None:
-        result = await self._shell.run(f"mkdir -p -- {shlex.quote(path)}")
-        if result.exit_code != 0:
-            raise OSError(f"cannot create {path} in the container: {result.stderr.strip()}")
+    def _container_path(self, path: str) -> str | None:
+        """Where a path the sandbox sees lives in the container (a slot maps its binds)."""
+        return path
 
     async def exec(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
         """The shell runs it; meanwhile the disk is watched, and afterwards the counters of

@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,6 @@ from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import DockerSandboxConfig, base_env
 from clotho.sandbox.docker.archive import (
     download_tree,
-    path_digest,
     put_archive,
     read_file_from_archive,
 )
@@ -175,21 +174,9 @@ class SlotSandbox(DockerSandbox):
         if code != 0:
             raise SandboxError(f"stopping slot {self.slot} failed: exit {code}: {output[-500:]}")
 
-    async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
-        """As for a container, with paths as the slot sees them (`container_path`)."""
-        if self._closed:
-            raise SandboxError("the sandbox is closed")
-        gate = asyncio.Semaphore(16)
-
-        def outer(path: str) -> str | None:
-            return container_path(self.layout, path, self.hide)
-
-        async def one(path: str) -> str | None:
-            async with gate:
-                return await path_digest(self.container, self.resolve(path), outer=outer)
-
-        paths = list(paths)
-        return dict(zip(paths, await asyncio.gather(*(one(p) for p in paths)), strict=True))
+    def _container_path(self, path: str) -> str | None:
+        """An isolated slot's binds mapped back to its folder (`container_path`)."""
+        return container_path(self.layout, path, self.hide)
 
     async def close(self) -> None:
         """Kill every process of the slot, wipe its folder; the last slot removes the container."""
