@@ -67,6 +67,9 @@ async def test_disk_past_the_limit_is_a_limit_failure() -> None:
                 "for i in $(seq 40); do head -c 10000000 /dev/urandom > /tmp/f$i; sleep 0.1; done",
                 timeout=60,
             )
+        assert isinstance(sb, DockerSandbox)
+        with pytest.raises(LimitExceeded):  # verification learns why, not "infra"
+            await sb.stop_agent()
 
 
 async def test_a_slots_memory_failure_is_its_own() -> None:

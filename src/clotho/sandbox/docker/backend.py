@@ -392,6 +392,7 @@ class DockerSandbox(ShellBackedSandbox):
         daemon's process list (nothing run in the container), that nothing else is left."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
+        self.limits.raise_if_hit()  # a container killed past its disk quota: that is why
         self._stopped = True
         shell = "bash"
         left: list[str] = []

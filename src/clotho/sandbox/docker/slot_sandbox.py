@@ -167,6 +167,7 @@ class SlotSandbox(DockerSandbox):
         environment survives without isolation), its neighbours untouched."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
+        self.limits.raise_if_hit()  # a container killed past its disk quota: that is why
         self._stopped = True
         code, output = await run_exec(
             self.container, ["sh", "-c", REAP_SCRIPT, "stop", self.layout.token, "", ""]
@@ -211,6 +212,7 @@ class IsolatedSlotSandbox(SlotSandbox):
         (nothing run in the container) must show none of them left."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
+        self.limits.raise_if_hit()  # a container killed past its disk quota: that is why
         self._stopped = True
         uid = self.layout.uid
         left: list[str] = []
