@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from tests.docker_probe import requires_docker
 
 from clotho.errors import SandboxError
 from clotho.sandbox import shell as shell_module
@@ -335,3 +336,43 @@ async def test_the_pool_discards_a_sandbox_whose_shell_protocol_broke(tmp_path: 
         assert (await again.exec("echo fine")).stdout == "fine\n"
         await pool.release(again)
         assert pool.stats()["destroyed"] >= 1
+
+
+# --- the same through a container's channels ----------------------------------------------------
+
+
+@requires_docker
+@pytest.mark.parametrize("stdio", ["fifo", "attach"])
+async def test_docker_shell_survives_dumps_forgeries_and_floods(stdio: str) -> None:
+    """Through the FIFO and the attach-socket channels (a real container): the shell's own
+    state printed, twenty exact commands, a background flood with bounded host memory, and a
+    forged end that breaks the shell."""
+    from clotho.sandbox import open_sandbox
+    from clotho.sandbox.config import DockerSandboxConfig
+
+    sb = await open_sandbox(DockerSandboxConfig(stdio=stdio))
+    try:
+        for dump in ("set", "declare -p", "trap -p", "cat /proc/$$/cmdline /proc/1/cmdline"):
+            assert not (await sb.exec(dump)).timed_out
+        for i in range(20):
+            r = await sb.exec(f"printf 'out {i}'; printf 'err {i}' >&2; (exit {i % 4})")
+            assert (r.stdout, r.stderr, r.exit_code) == (f"out {i}", f"err {i}", i % 4)
+        before = vm_kb("VmHWM")
+        r = await sb.exec("rm -f /tmp/done; (yes | head -c 512M; touch /tmp/done) & echo ok")
+        assert r.stdout == "ok\n"
+        deadline = time.monotonic() + 120
+        while (await sb.exec("sleep 0.1; test -e /tmp/done && echo DONE")).stdout[-5:] != "DONE\n":
+            assert time.monotonic() < deadline, "the flood did not get through"
+            await asyncio.sleep(0.05)
+        grown_mb = (vm_kb("VmHWM") - before) / 1024
+        assert grown_mb < 100, f"the host grew by {grown_mb:.0f} MB reading a flood"
+        assert (await sb.exec("echo quiet")).stdout == "quiet\n"
+        r = await sb.exec(
+            "m=$(trap -p EXIT | sed -n 's/.*printf \"\\(E[^%]*\\)%s X.*/\\1/p'); "
+            'printf "$m%s\\n" 0; printf "$m" >&2; sleep 0.3'
+        )
+        assert (r.stdout, r.exit_code) == ("", 0)
+        with pytest.raises(SandboxError, match="protocol broke"):
+            await sb.exec("echo next", timeout=10)
+    finally:
+        await sb.close()
