@@ -236,6 +236,18 @@ def test_runs_run_trial_compare(browser: Any, server: str, runs: Path) -> None:
     png = shot(d, "tokens")
     assert has_colour(png, TRAINED)
 
+    # in-page jumps keep the route; j/k (or the arrows) step through the filtered table
+    here = d.current_url
+    d.execute_script("window.scrollTo(0, 0)")
+    d.find_element("css selector", 'button.jump[data-jump="verifier"]').click()
+    assert d.current_url == here and css(d, "#trial-header")
+    step = css(d, "#next-trial") or css(d, "#prev-trial")  # the other attempt, either side
+    key = "j" if step[0].get_attribute("id") == "next-trial" else "k"
+    d.find_element("tag name", "body").send_keys(key)
+    wait(lambda: d.current_url != here)
+    heading = wait(lambda: css(d, "#app h1") and css(d, "#app h1")[0].text)
+    assert heading.startswith("task-00006") and "attempt 1" in heading
+
     # compare: pick both runs on the runs page
     d.find_element("css selector", "#crumbs a").click()
     for box in wait(lambda: css(d, "#runs .pick")):

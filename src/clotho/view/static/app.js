@@ -334,7 +334,12 @@ async function trialView(id, n, seq) {
   const outcome = r.passed ? '<span class="pass">passed</span>'
     : r.error && !["infra", "task", "config"].includes(r.error.kind) ? '<span class="fail">failed</span>'
     : r.error ? '<span class="muted">not scored</span>' : '<span class="fail">failed</span>';
-  let html = `<h1>${esc(r.task)} <span class="muted">attempt ${r.attempt}</span></h1>
+  const [prev, next] = neighbours(id, n);
+  const step = (to, label, key) => (to == null ? `<span class="muted">${label}</span>`
+    : `<a href="#/run/${esc(id)}/trial/${to}" id="${key}-trial" title="key: ${key === "prev" ? "k or ←" : "j or →"}">${label}</a>`);
+  let html = `<nav class="steps">${step(prev, "‹ previous trial", "prev")} ${step(next, "next trial ›", "next")}
+    <span class="muted">(in the run table's order and filters)</span></nav>
+    <h1>${esc(r.task)} <span class="muted">attempt ${r.attempt}</span></h1>
     <section id="trial-header"><div class="stats">
       <div class="stat"><b>${outcome}</b><span>reward ${num(r.reward, 3)}</span></div>
       <div class="stat"><b>${esc(r.category)}</b><span>category</span></div>
@@ -346,14 +351,15 @@ async function trialView(id, n, seq) {
   if (r.error) html += `<div class="error" id="trial-error"><b>${esc(r.error.kind)} error:</b> <pre>${esc(r.error.message)}</pre></div>`;
   if (Object.keys(r.rewards || {}).length) html += `<p>rewards: ${Object.entries(r.rewards).map(([k, x]) => `${esc(k)} ${num(x, 3)}`).join(", ")}</p>`;
   html += `</section>${timingsBar(r.timings)}`;
-  html += `<nav class="tabs"><a href="#conversation">conversation</a> <a href="#verifier">verifier</a>${d.diff || (res && res.diff) ? ' <a href="#diff">diff</a>' : ""}${res && res.sequences ? ' <a href="#tokens">tokens</a>' : ""}</nav>`;
+  const diff = d.diff || d.patch || (res && (res.diff || res.patch));
+  const jump = (to, label) => `<button class="jump" data-jump="${to}">${label}</button>`;
+  html += `<nav class="tabs">${jump("conversation", "conversation")} ${jump("verifier", "verifier")}${diff ? " " + jump("diff", "diff") : ""}${res && res.sequences ? " " + jump("tokens", "tokens") : ""}</nav>`;
   html += `<section id="conversation"><h2>Conversation</h2>${res ? conversation(res) : '<p class="muted">No conversation recorded (the attempt did not reach its agent).</p>'}</section>`;
   if (res && res.tool_errors && res.tool_errors.length) {
     html += `<section id="tool-errors"><h2>Tool errors</h2><table class="grid small"><thead><tr><th>turn</th><th>tool</th><th>arguments</th><th>error</th></tr></thead><tbody>${res.tool_errors
       .map((e) => `<tr><td class="num">${e.turn}</td><td>${esc(e.tool)}</td><td><code>${esc(e.arguments)}</code></td><td>${esc(e.error)}</td></tr>`).join("")}</tbody></table></section>`;
   }
   html += `<section id="verifier"><h2>Verifier</h2>${verifier(v)}</section>`;
-  const diff = d.diff || (res && res.diff);
   if (diff) html += `<section id="diff"><h2>The agent's diff</h2>${diffBlock(diff)}</section>`;
   if (res && res.sequences && res.sequences.length) {
     html += `<section id="tokens"><h2>Token sequences</h2><p class="muted">Trained tokens (mask) are highlighted; hover a token for its id and sampling logprob.</p>${res.sequences
@@ -361,7 +367,26 @@ async function trialView(id, n, seq) {
   }
   app.innerHTML = html;
   bindTokenButtons();
+  // in-page jumps are buttons: a "#section" link would be read as a route
+  app.querySelectorAll("button.jump").forEach((b) => b.addEventListener("click", () =>
+    document.getElementById(b.dataset.jump).scrollIntoView()));
 }
+
+// The trials before and after this one in the run table as last sorted and filtered.
+function neighbours(id, n) {
+  const st = runState[id];
+  if (!st || !st.rows.length) return [n > 0 ? n - 1 : null, n + 1];
+  const rows = filtered(st), at = rows.findIndex((r) => r.i === n);
+  if (at < 0) return [null, null];
+  return [at > 0 ? rows[at - 1].i : null, at < rows.length - 1 ? rows[at + 1].i : null];
+}
+document.addEventListener("keydown", (e) => {
+  if (document.body.dataset.view !== "run" || !location.hash.includes("/trial/")) return;
+  if (e.target.tagName === "INPUT" || e.target.tagName === "SELECT" || e.metaKey || e.ctrlKey) return;
+  const to = e.key === "j" || e.key === "ArrowRight" ? "#next-trial" : e.key === "k" || e.key === "ArrowLeft" ? "#prev-trial" : null;
+  const link = to && document.querySelector(to);
+  if (link) location.hash = link.getAttribute("href");
+});
 
 function timingsBar(t) {
   if (!t) return "";
