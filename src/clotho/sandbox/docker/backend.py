@@ -470,6 +470,11 @@ class DockerSandbox(ShellBackedSandbox):
         """Where a path the sandbox sees lives in the container (a slot maps its binds)."""
         return path
 
+    async def _mkdir(self, path: str) -> None:
+        result = await self._shell.run(f"mkdir -p -- {shlex.quote(path)}")
+        if result.exit_code != 0:
+            raise OSError(f"cannot create {path} in the container: {result.stderr.strip()}")
+
     async def exec(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
         """The shell runs it; meanwhile the disk is watched, and afterwards the counters of
         the container's limits say whether one broke the sandbox (`LimitExceeded`)."""
