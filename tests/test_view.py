@@ -202,3 +202,35 @@ def test_the_old_page_call_writes_the_report(tmp_path: Path) -> None:
     page = (tmp_path / "page.html").read_text()
     assert '"/api/groups/0/group/1"' in page
     assert "<noscript>" in page and "rollout 3 score 0" in page  # readable without JS too
+
+
+def test_token_ids_read_as_text_with_a_tokenizer(tmp_path: Path) -> None:
+    from tests.real_tokenizers import QWEN_DIR
+    from tokenizers import Tokenizer
+
+    text = 'Let me run the tests.\n<tool_call>\n{"name": "terminal"}\n</tool_call>'
+    ids = Tokenizer.from_file(str(QWEN_DIR / "tokenizer.json")).encode(text).ids
+    run = write_run(tmp_path / "r", 2)
+    detail_path = run / json.loads((run / "results.jsonl").read_text().splitlines()[0])["detail"]
+    detail = json.loads(detail_path.read_text())
+    detail["agent_result"]["sequences"] = [
+        {"tokens": ids, "masks": ids, "logprobs": [-0.5] * len(ids)}
+    ]
+    detail_path.write_text(json.dumps(detail))
+
+    plain = RunSource("0", run).detail(0)["agent_result"]["sequences"][0]  # type: ignore[index]
+    assert "pieces" not in plain  # no tokenizer: ids as they are
+    seq = RunSource("0", run, tokenizer=str(QWEN_DIR)).detail(0)["agent_result"]["sequences"][0]  # type: ignore[index]
+    assert len(seq["pieces"]) == len(ids) and "".join(seq["pieces"]) == text
+    assert "<tool_call>" in seq["pieces"]  # special tokens are kept, one piece each
+
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["tokenizer"] = str(QWEN_DIR)  # the run's own tokenizer, without the flag
+    (run / "config.json").write_text(json.dumps(config))
+    assert "pieces" in RunSource("0", run).detail(0)["agent_result"]["sequences"][0]  # type: ignore[index]
+
+    groups = write_groups(tmp_path / "g.jsonl", 1)
+    group = GroupsSource("0", groups, tokenizer=str(QWEN_DIR)).group(0)
+    assert group is not None and [len(p) for p in group["pieces"]] == [
+        len(t) for t in group["tokens"]
+    ]

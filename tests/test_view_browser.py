@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.real_tokenizers import QWEN_DIR
 
 from clotho.view.browser import chromium, find_chromium
 from clotho.view.sample import append_trials, write_groups, write_run
@@ -91,9 +92,10 @@ def colours(png: bytes) -> int:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("view") / "runs"
-    write_run(root / "qwen3-8b", 240, seed=1, attempts=2)
+    # token sequences are the conversations in Qwen3's tokens, so they read as text
+    write_run(root / "qwen3-8b", 240, seed=1, attempts=2, tokenizer=QWEN_DIR)
     write_run(root / "qwen3-8b-sft", 240, seed=2, attempts=2, pass_prob=0.8, finished=False)
-    write_groups(root / "groups.jsonl", 4)
+    write_groups(root / "groups.jsonl", 4, tokenizer=QWEN_DIR)
     return root
 
 
@@ -101,7 +103,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(runs: Path) -> Iterator[str]:
     """`clotho view` as a user starts it: a free port, printed."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "clotho.cli.main", "view", str(runs)],
+        [sys.executable, "-m", "clotho.cli.main", "view", str(runs), "--tokenizer", str(QWEN_DIR)],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -232,6 +234,8 @@ def test_runs_run_trial_compare(browser: Any, server: str, runs: Path) -> None:
     assert has_colour(png, PHASE_AGENT)  # the phase bar's agent segment
     token = d.find_element("css selector", "#tokens .tok.trained")
     assert "logprob -" in token.get_attribute("title")
+    sequence = d.find_element("css selector", "#tokens .tokens.text").text
+    assert "<|im_start|>assistant" in sequence and "Let me look at the workspace" in sequence
     d.execute_script("arguments[0].scrollIntoView()", d.find_element("id", "tokens"))
     png = shot(d, "tokens")
     assert has_colour(png, TRAINED)

@@ -35,6 +35,10 @@ def view_command(
         Path | None,
         typer.Option(help="write one self-contained HTML file here instead of serving"),
     ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(help="tokenizer.json or its folder: token ids shown as text"),
+    ] = None,
     no_details: Annotated[
         bool, typer.Option("--no-details", help="export: leave trial details out (smaller file)")
     ] = False,
@@ -49,10 +53,10 @@ def view_command(
         if missing:
             raise ConfigError(f"no such run directory or file: {', '.join(missing)}")
         if export is not None:
-            n = export_html(chosen, export, details=not no_details)
+            n = export_html(chosen, export, details=not no_details, tokenizer=tokenizer)
             console.print(f"{n} runs/group files in {export}")
             return
-        sources = discover(chosen)
+        sources = discover(chosen, tokenizer=tokenizer)
         if not sources:
             raise ConfigError(
                 f"no run directories (with results.jsonl) or group files in {', '.join(map(str, chosen))}"

@@ -65,9 +65,11 @@ def render(sources: list[Source], *, details: bool = True) -> str:
     return page(data.replace("<", "\\u003c"), inline=True, noscript=_plain(sources))
 
 
-def export_html(paths: list[Path], out: Path, *, details: bool = True) -> int:
+def export_html(
+    paths: list[Path], out: Path, *, details: bool = True, tokenizer: str | None = None
+) -> int:
     """Write the report of these runs / group files to `out`; returns how many sources."""
-    sources = discover(paths)
+    sources = discover(paths, tokenizer=tokenizer)
     text = render(sources, details=details)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(text, encoding="utf-8")

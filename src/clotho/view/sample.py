@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from clotho.agent.result import AgentResult, ToolErrorRecord, TurnTiming
 from clotho.chat.ledger import TokenSequence
@@ -25,7 +27,41 @@ CATEGORIES = ["files", "text-processing", "git", "software-engineering", "data",
 ERROR_KINDS = ["agent", "limit", "verifier", "infra", "task"]
 
 
-def _conversation(task: str, rng: random.Random, passed: bool, long_output: bool) -> AgentResult:
+Encode = Callable[[str], list[int]]
+
+
+def encoder(tokenizer: str | Path | None) -> Encode | None:
+    """A tokenizer.json (or its folder) as an encode function; None without one."""
+    if tokenizer is None:
+        return None
+    from tokenizers import Tokenizer
+
+    path = Path(tokenizer)
+    loaded = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+    return lambda text: loaded.encode(text).ids
+
+
+def _sequence(messages: list[dict[str, Any]], rng: random.Random, encode: Encode) -> TokenSequence:
+    """The conversation in ChatML, assistant turns trained (as a token API records them)."""
+    seq = TokenSequence()
+    for m in messages:
+        body = m.get("content") or ""
+        for call in m.get("tool_calls") or []:
+            body += "\n<tool_call>\n" + json.dumps(call["function"]) + "\n</tool_call>"
+        head = encode(f"<|im_start|>{m['role']}\n")
+        if m["role"] == "assistant":
+            seq.extend(head)
+            ids = encode(body + "<|im_end|>")
+            seq.extend(ids, [-rng.random() * 1.5 for _ in ids])
+            seq.extend(encode("\n"))
+        else:
+            seq.extend(head + encode(body + "<|im_end|>\n"))
+    return seq
+
+
+def _conversation(
+    task: str, rng: random.Random, passed: bool, long_output: bool, encode: Encode | None = None
+) -> AgentResult:
     listing = "\n".join(
         f"-rw-r--r-- 1 root root {rng.randint(10, 9999):5d} file_{i}.txt"
         for i in range(80 if long_output else 4)
@@ -71,14 +107,18 @@ def _conversation(task: str, rng: random.Random, passed: bool, long_output: bool
         },
         {"role": "assistant", "content": "Done: the file is fixed." if passed else "I give up."},
     ]
-    seq = TokenSequence()
-    prompt = [rng.randint(100, 150000) for _ in range(40)]
-    seq.extend(prompt)
-    seq.extend(
-        [rng.randint(100, 150000) for _ in range(25)], [-rng.random() * 2 for _ in range(25)]
-    )
-    seq.extend([rng.randint(100, 150000) for _ in range(12)])
-    seq.extend([rng.randint(100, 150000) for _ in range(18)], [-rng.random() for _ in range(18)])
+    if encode is not None:
+        seq = _sequence(messages, rng, encode)
+    else:
+        seq = TokenSequence()
+        seq.extend([rng.randint(100, 150000) for _ in range(40)])
+        seq.extend(
+            [rng.randint(100, 150000) for _ in range(25)], [-rng.random() * 2 for _ in range(25)]
+        )
+        seq.extend([rng.randint(100, 150000) for _ in range(12)])
+        seq.extend(
+            [rng.randint(100, 150000) for _ in range(18)], [-rng.random() for _ in range(18)]
+        )
     return AgentResult(
         messages=messages,
         turns=3,
@@ -124,9 +164,11 @@ def write_run(
     agent: str = "llm",
     model: str = "Qwen/Qwen3-8B",
     finished: bool = True,
+    tokenizer: str | Path | None = None,
 ) -> Path:
     """A run directory of `n_trials` attempts over `n_trials // attempts` tasks."""
     rng = random.Random(seed)
+    encode = encoder(tokenizer)
     root.mkdir(parents=True, exist_ok=True)
     (root / "trials").mkdir(exist_ok=True)
     config = EvalConfig.model_validate(
@@ -149,7 +191,7 @@ def write_run(
             if details:
                 name = f"{_safe(task)}__{attempt}.json"
                 record.detail = f"trials/{name}"
-                detail = trial_detail(record, rng, long_output=i % 3 == 0)
+                detail = trial_detail(record, rng, long_output=i % 3 == 0, encode=encode)
                 (root / "trials" / name).write_text(detail.model_dump_json())
             results.write(record.model_dump_json() + "\n")
             records.append(record)
@@ -199,9 +241,13 @@ def trial_record(
 
 
 def trial_detail(
-    record: TrialRecord, rng: random.Random, *, long_output: bool = False
+    record: TrialRecord,
+    rng: random.Random,
+    *,
+    long_output: bool = False,
+    encode: Encode | None = None,
 ) -> TrialDetail:
-    agent = _conversation(record.task, rng, record.passed, long_output)
+    agent = _conversation(record.task, rng, record.passed, long_output, encode)
     verifier = VerifierOutcome(
         reward=record.reward or 0.0,
         exit_code=0 if record.passed else 1,
@@ -220,14 +266,24 @@ def append_trials(root: Path, start: int, n: int, *, seed: int = 1) -> None:
             results.write(record.model_dump_json() + "\n")
 
 
-def write_groups(path: Path, n_groups: int, *, group_size: int = 4, seed: int = 0) -> Path:
+def write_groups(
+    path: Path,
+    n_groups: int,
+    *,
+    group_size: int = 4,
+    seed: int = 0,
+    tokenizer: str | Path | None = None,
+) -> Path:
     """A `clotho process` JSONL of scored groups and its `.stats.json`."""
     rng = random.Random(seed)
+    encode = encoder(tokenizer)
     lines = []
     for g in range(n_groups):
         tokens, masks, logprobs, messages, scores = [], [], [], [], []
         for r in range(group_size):
-            result = _conversation(f"item-{g}", rng, passed=(r + g) % 2 == 0, long_output=False)
+            result = _conversation(
+                f"item-{g}", rng, passed=(r + g) % 2 == 0, long_output=False, encode=encode
+            )
             seq = result.sequences[0] if result.sequences else TokenSequence()
             tokens.append(seq.tokens)
             masks.append(seq.masks)

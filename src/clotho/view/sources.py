@@ -110,6 +110,48 @@ def _row(index: int, r: dict[str, Any]) -> list[Any] | None:
     ]
 
 
+class Pieces:
+    """Token ids as text pieces, with a `tokenizer.json` (each id decoded on its own, special
+    tokens kept), so a sequence reads as text with its trained tokens marked."""
+
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        self.tokenizer = Tokenizer.from_file(str(file))
+
+    def __call__(self, ids: list[int]) -> list[str]:
+        return self.tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+
+
+_PIECES: dict[str, Pieces | None] = {}
+_PIECES_LOCK = threading.Lock()
+
+
+def pieces_for(path: str | Path | None) -> Pieces | None:
+    """The decoder of this tokenizer path, loaded once; None when there is none to load."""
+    if not path:
+        return None
+    key = str(path)
+    with _PIECES_LOCK:
+        if key not in _PIECES:
+            try:
+                _PIECES[key] = Pieces(key)
+            except Exception:  # not a tokenizers file: ids are shown as they are
+                _PIECES[key] = None
+        return _PIECES[key]
+
+
+def add_pieces(sequences: list[dict[str, Any]], pieces: Pieces | None) -> None:
+    if pieces is None:
+        return
+    for seq in sequences:
+        ids = seq.get("tokens") or []
+        if ids and "pieces" not in seq:
+            seq["pieces"] = pieces(ids)
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         value = json.loads(path.read_text())
@@ -125,6 +167,7 @@ class RunSource:
     id: str
     path: Path
     kind: str = "run"
+    tokenizer: str | None = None
     lines: list[dict[str, Any]] = field(default_factory=list)
     rows: list[list[Any]] = field(default_factory=list)
     _records: list[TrialRecord | None] = field(default_factory=list)
@@ -286,6 +329,11 @@ class RunSource:
                     data["record"] = out["record"]  # the line is what was finally recorded
                     out = data
         out["run"] = self.path.name
+        sequences = (out.get("agent_result") or {}).get("sequences") or []
+        if sequences:
+            model = self.config().get("model") or {}
+            configured = model.get("tokenizer") if isinstance(model, dict) else None
+            add_pieces(sequences, pieces_for(self.tokenizer or configured))
         return out
 
 
@@ -296,6 +344,7 @@ class GroupsSource:
     id: str
     path: Path
     kind: str = "groups"
+    tokenizer: str | None = None
     groups: list[dict[str, Any]] = field(default_factory=list)
     _tail: _Tail | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -344,7 +393,11 @@ class GroupsSource:
         self.refresh()
         if not 0 <= index < len(self.groups):
             return None
-        return {"index": index, **self.groups[index]}
+        group = {"index": index, **self.groups[index]}
+        pieces = pieces_for(self.tokenizer)
+        if pieces is not None:
+            group["pieces"] = [pieces(ids) for ids in group.get("tokens") or []]
+        return group
 
 
 def _group_row(index: int, group: dict[str, Any]) -> dict[str, Any]:
@@ -369,11 +422,13 @@ def _mtime(path: Path) -> float | None:
 Source = RunSource | GroupsSource
 
 
-def discover(paths: list[Path]) -> list[Source]:
+def discover(paths: list[Path], *, tokenizer: str | None = None) -> list[Source]:
     """Run directories and group files under the paths given, in order, each once.
 
     A folder with `results.jsonl` is a run; a folder without holds runs one level down (so
     `clotho view runs` shows every run in it); a `.jsonl` file is a file of scored groups.
+    `tokenizer` (a tokenizer.json or its folder) shows token ids as text; a run whose config
+    names its tokenizer uses that one otherwise.
     """
     found: list[Path] = []
     for path in paths:
@@ -393,5 +448,6 @@ def discover(paths: list[Path]) -> list[Source]:
             continue
         seen.add(real)
         sid = str(len(sources))
-        sources.append(GroupsSource(sid, path) if path.is_file() else RunSource(sid, path))
+        kind = GroupsSource if path.is_file() else RunSource
+        sources.append(kind(sid, path, tokenizer=tokenizer))
     return sources

@@ -363,7 +363,7 @@ async function trialView(id, n, seq) {
   if (diff) html += `<section id="diff"><h2>The agent's diff</h2>${diffBlock(diff)}</section>`;
   if (res && res.sequences && res.sequences.length) {
     html += `<section id="tokens"><h2>Token sequences</h2><p class="muted">Trained tokens (mask) are highlighted; hover a token for its id and sampling logprob.</p>${res.sequences
-      .map((s, i) => tokenBlock(`sequence ${i + 1}`, s.tokens, s.masks, s.logprobs)).join("")}</section>`;
+      .map((s, i) => tokenBlock(`sequence ${i + 1}`, s.tokens, s.masks, s.logprobs, s.pieces)).join("")}</section>`;
   }
   app.innerHTML = html;
   bindTokenButtons();
@@ -479,21 +479,21 @@ function diffBlock(diff) {
 }
 
 const tokenData = [];
-function tokenBlock(title, tokens, masks, logprobs) {
-  const key = tokenData.push({ tokens, masks: masks || [], logprobs: logprobs || [] }) - 1;
+function tokenBlock(title, tokens, masks, logprobs, pieces) {
+  const key = tokenData.push({ tokens, masks: masks || [], logprobs: logprobs || [], pieces }) - 1;
   const trained = (masks || []).filter((m) => m !== -100).length;
   return `<div class="tokens-block"><h3>${esc(title)}: ${tokens.length} tokens, ${trained} trained</h3>
-    <div class="tokens" data-key="${key}">${tokenSpans(key, Math.min(tokens.length, TOKENS_SHOWN))}</div>
+    <div class="tokens${pieces ? " text" : ""}" data-key="${key}">${tokenSpans(key, Math.min(tokens.length, TOKENS_SHOWN))}</div>
     ${tokens.length > TOKENS_SHOWN ? `<button class="all-tokens" data-key="${key}">show all ${tokens.length} tokens</button>` : ""}</div>`;
 }
 function tokenSpans(key, limit) {
-  const { tokens, masks, logprobs } = tokenData[key];
+  const { tokens, masks, logprobs, pieces } = tokenData[key];
   let out = "";
   for (let i = 0; i < limit; i++) {
     const trained = masks[i] !== undefined && masks[i] !== -100;
     const lp = logprobs[i];
     const tip = `#${i} id ${tokens[i]}${trained ? ` · trained · logprob ${lp != null ? Number(lp).toFixed(4) : "?"}` : " · context"}`;
-    out += `<span class="tok${trained ? " trained" : ""}" title="${tip}">${tokens[i]}</span>`;
+    out += `<span class="tok${trained ? " trained" : ""}" title="${tip}">${pieces ? esc(pieces[i]) : tokens[i]}</span>`;
   }
   return out;
 }
@@ -552,7 +552,7 @@ async function groupView(id, n) {
     const res = { messages: messages[i] || [], reasoning: [] };
     html += `<div class="rollout"><h3>rollout ${i} <span class="chip ${score > 0 ? "pass" : "fail"}">score ${num(score, 3)}</span></h3>
       ${conversation(res)}
-      ${tokenBlock(`tokens`, g.tokens[i] || [], (g.masks || [])[i], (g.inference_logprobs || [])[i])}</div>`;
+      ${tokenBlock(`tokens`, g.tokens[i] || [], (g.masks || [])[i], (g.inference_logprobs || [])[i], (g.pieces || [])[i])}</div>`;
   });
   app.innerHTML = html + "</div>";
   bindTokenButtons();
