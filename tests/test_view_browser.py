@@ -260,6 +260,8 @@ def test_runs_run_trial_compare(browser: Any, server: str, runs: Path) -> None:
     diff = on_screen(d, "#diff-rate")
     assert re.fullmatch(r"[+-]?\d+\.\d pts", diff.text)
     assert "95% interval [" in d.find_element("id", "compare-summary").text
+    categories = css(d, "#compare-categories tbody tr")
+    assert len(categories) == 6 and all(re.search(r"pts", r.text) for r in categories)
     flipped = css(d, "#flipped tbody tr")
     assert flipped and {r.get_attribute("class") for r in flipped} <= {"fixed", "broke"}
     shot(d, "compare")
@@ -276,6 +278,13 @@ def test_a_run_still_writing_updates_without_a_reload(
     wait(lambda: "of 247" in d.find_element("id", "page-info").text, timeout=15)
     assert d.execute_script("return window.__same_page") is True
     assert "live" in d.find_element("id", "live").text
+
+    d.find_element("css selector", "#crumbs a").click()  # the runs page follows too
+    row = wait(lambda: css(d, '#runs tr.run-row[data-id="2"]'))[0]
+    assert "(247 attempts)" in row.text
+    append_trials(runs / "qwen3-8b-sft", 600, 5)
+    wait(lambda: "(252 attempts)" in css(d, '#runs tr.run-row[data-id="2"]')[0].text, timeout=15)
+    assert d.execute_script("return window.__same_page") is True
 
 
 def test_groups_side_by_side_with_why_groups_were_dropped(browser: Any, server: str) -> None:

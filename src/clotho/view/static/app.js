@@ -133,6 +133,25 @@ async function runsView() {
   }
   if (!sources.length) html += `<p class="muted">No run directories or group files here.</p>`;
   app.innerHTML = html;
+  if (!EXPORT && runs.some((r) => !r.finished)) {
+    const seq = routeSeq;
+    pollTimer = setInterval(async () => {
+      const fresh = await api("/api/runs");
+      if (seq !== routeSeq) return;
+      for (const r of fresh.filter((s) => s.kind === "run")) {
+        const tr = app.querySelector(`tr.run-row[data-id="${r.id}"]`);
+        if (!tr) continue;
+        const cells = tr.children;
+        cells[1].querySelector(".live")?.remove();
+        if (!r.finished && !cells[1].querySelector(".live")) cells[1].insertAdjacentHTML("beforeend", ' <span class="chip live">running</span>');
+        cells[4].innerHTML = pct(r.pass_rate);
+        cells[5].innerHTML = ci(r.ci95);
+        cells[6].innerHTML = `${r.n_passed}/${r.n_scored} <span class="muted">(${r.n} attempts)</span>`;
+        cells[7].innerHTML = errorChips(r.errors);
+        cells[8].innerHTML = secs(r.wall_s);
+      }
+    }, POLL_MS);
+  }
   const button = $("#compare");
   if (button) {
     const picked = () => [...app.querySelectorAll(".pick:checked")].map((c) => c.value);
@@ -595,6 +614,20 @@ async function compareView(a, b) {
     <div class="stat"><b id="diff-rate">${d == null ? "–" : sign(d)}</b><span>B − A, 95% interval ${interval ? `[${sign(interval[0])}, ${sign(interval[1])}]` : "–"}</span></div>
     <div class="stat"><b>${flipped.length}</b><span>tasks flipped, ${same} unchanged${onlyA || onlyB ? `, ${onlyA} only in A, ${onlyB} only in B` : ""}</span></div></div>
     <p class="muted">The interval is Newcombe's (hybrid Wilson score) for two independent proportions.</p></section>`;
+  const ca = ra.overview.metrics.by_category || {}, cb = rb.overview.metrics.by_category || {};
+  const cats = [...new Set([...Object.keys(ca), ...Object.keys(cb)])].sort();
+  if (cats.length) {
+    html += `<h3>Per category</h3><table id="compare-categories" class="grid small"><thead><tr><th>category</th><th>A</th><th>B</th><th>B − A (95% interval)</th></tr></thead><tbody>`;
+    for (const c of cats) {
+      const x = ca[c], y = cb[c];
+      const iv = x && y ? diffInterval(x.n_passed, x.n, y.n_passed, y.n) : null;
+      const dd = x && y ? y.pass_rate - x.pass_rate : null;
+      html += `<tr><td>${esc(c)}</td><td class="num">${x ? `${pct(x.pass_rate)} (${x.n_passed}/${x.n})` : "–"}</td>
+        <td class="num">${y ? `${pct(y.pass_rate)} (${y.n_passed}/${y.n})` : "–"}</td>
+        <td class="num ${dd > 0 ? "pass" : dd < 0 ? "fail" : ""}">${dd == null ? "–" : sign(dd)}${iv ? ` <span class="muted">[${sign(iv[0])}, ${sign(iv[1])}]</span>` : ""}</td></tr>`;
+    }
+    html += `</tbody></table><h3>Tasks that flipped</h3>`;
+  }
   html += `<table id="flipped" class="grid"><thead><tr><th>task</th><th>category</th><th>A passed</th><th>B passed</th><th></th></tr></thead><tbody>`;
   for (const f of flipped) {
     html += `<tr class="${f.fb > f.fa ? "fixed" : "broke"}"><td>${esc(f.task)}</td><td>${esc(f.category)}</td>
