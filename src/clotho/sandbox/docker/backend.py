@@ -57,7 +57,7 @@ from clotho.sandbox.docker.archive import download_tree, path_digest, put_archiv
 from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, main_shell_command, make_fifos
-from clotho.sandbox.docker.fresh import STOP_CONTAINER, fresh_exec
+from clotho.sandbox.docker.fresh import STOP_CONTAINER, fresh_exec, in_container
 from clotho.sandbox.docker.images import ensure_context_image, image_exists
 from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.rootfs import host_digests
@@ -211,6 +211,11 @@ class DockerSandbox(ShellBackedSandbox):
 
     @property
     def id(self) -> str:
+        return str(self.container.id)
+
+    @property
+    def id_of_container(self) -> str:
+        """The container's id (a slot's `id` adds its number)."""
         return str(self.container.id)
 
     @classmethod
@@ -417,7 +422,7 @@ class DockerSandbox(ShellBackedSandbox):
         inside can stop: SIGSTOP it from the host (a local daemon)."""
         info = await self.container.show()
         pid = int((info.get("State") or {}).get("Pid") or 0)
-        if pid > 0:
+        if pid > 0 and in_container(pid, self.id_of_container):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGSTOP)
 
@@ -454,7 +459,7 @@ class DockerSandbox(ShellBackedSandbox):
 
         info = await self.container.show()
         pid = int((info.get("State") or {}).get("Pid") or 0)
-        if pid > 0:
+        if pid > 0 and await asyncio.to_thread(in_container, pid, self.id_of_container):
             found = await asyncio.to_thread(host_digests, pid, paths, outer)
             if found is not None:
                 return found

@@ -80,7 +80,19 @@ async def run_exec(container: Any, argv: list[str], timeout: float = 60.0) -> tu
     return int(info.get("ExitCode") or 0), output.decode(errors="replace")
 
 
-def _kill_tree(pid: int) -> None:
+def in_container(pid: int, container_id: str) -> bool:
+    """Whether host pid `pid` is a process of that container (its cgroup names the id): a
+    pid the daemon reports is only ours to signal or read when the daemon is local."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as file:
+            return container_id in file.read()
+    except OSError:
+        return False
+
+
+def _kill_tree(pid: int, container_id: str) -> None:
+    if not in_container(pid, container_id):
+        return
     proctree.kill_descendants(pid)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
@@ -133,7 +145,7 @@ async def fresh_exec(
         info = await execution.inspect()
         pid = int(info.get("Pid") or 0)
         if pid > 0:
-            await asyncio.to_thread(_kill_tree, pid)
+            await asyncio.to_thread(_kill_tree, pid, str(container.id))
         for _ in range(100):
             info = await execution.inspect()
             if not info.get("Running"):

@@ -53,13 +53,17 @@ def _open(path: Path) -> int | None:
         return None
 
 
-def cgroup_dirs(pid: int) -> dict[str, Path]:
-    """The host folders of a process's memory and pids cgroups (v1 or v2)."""
+def cgroup_dirs(pid: int, container_id: str) -> dict[str, Path]:
+    """The host folders of the memory and pids cgroups of a container's process (none
+    when the pid is not that container's: a remote daemon's pids are not ours)."""
     found: dict[str, Path] = {}
     try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        text = Path(f"/proc/{pid}/cgroup").read_text() if pid > 0 else ""
     except OSError:
         return found
+    if container_id not in text:
+        return found
+    lines = text.splitlines()
     for line in lines:
         _, controllers, path = line.split(":", 2)
         rel = path.lstrip("/")
@@ -100,7 +104,7 @@ class LimitWatch:
         """Find the cgroup folders and take the counters' starting values."""
         info = await self.container.show()
         pid = int((info.get("State") or {}).get("Pid") or 0)
-        self._dirs = await asyncio.to_thread(cgroup_dirs, pid) if pid > 0 else {}
+        self._dirs = await asyncio.to_thread(cgroup_dirs, pid, str(self.container.id))
         memory, pids = self._dirs.get("memory"), self._dirs.get("pids")
         if memory is not None:
             self._fds["oom"] = _open(memory / "memory.oom_control") or _open(
