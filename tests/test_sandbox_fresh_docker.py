@@ -12,6 +12,7 @@ import asyncio
 import errno
 import hashlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -230,3 +231,36 @@ async def test_host_and_engine_api_digests_agree(sandbox: DockerSandbox) -> None
     api = {p: await path_digest(sandbox.container, p) for p in paths}
     assert host == api
     assert host["/tmp/plain"] == f"sha256:{hashlib.sha256(b'x').hexdigest()}:4755"
+
+
+async def test_download_is_capped(sandbox: DockerSandbox, tmp_path: Path) -> None:
+    await sandbox.exec("mkdir -p tree && head -c 3000000 /dev/urandom > tree/a && echo b > tree/b")
+    with pytest.raises(OSError) as info:
+        await sandbox.download("tree", tmp_path / "capped", max_bytes=1 << 20)
+    assert info.value.errno == errno.EFBIG and not (tmp_path / "capped").exists()
+    await sandbox.download("tree", tmp_path / "whole")
+    assert (tmp_path / "whole" / "b").read_text() == "b\n"
+
+
+async def test_isolated_slot_reads_only_regular_files_under_the_cap(
+    host: SlotHost, tmp_path: Path
+) -> None:
+    config = DockerSandboxConfig(slots_per_container=2, slot_isolation="bwrap")
+    slot = await host.open(config)
+    assert isinstance(slot, IsolatedSlotSandbox)
+    await slot.exec("ln -s /dev/zero zero; mkfifo fifo; truncate -s 1G sparse; echo hi > small")
+    for path in ("zero", "fifo"):
+        with pytest.raises(OSError) as info:
+            await asyncio.wait_for(slot.read_file(path), 20)
+        assert not isinstance(info.value, FileNotFoundError)
+    with pytest.raises(OSError) as info:
+        await asyncio.wait_for(slot.read_file("sparse"), 20)
+    assert info.value.errno == errno.EFBIG
+    assert await slot.read_file("small") == b"hi\n"
+    await slot.exec("mkdir t && head -c 3000000 /dev/urandom > t/a")
+    with pytest.raises(OSError) as info:
+        await slot.download("t", tmp_path / "t", max_bytes=1 << 20)
+    assert info.value.errno == errno.EFBIG
+    await slot.download("t", tmp_path / "t2")
+    assert (tmp_path / "t2" / "a").stat().st_size == 3000000
+    await slot.close()
