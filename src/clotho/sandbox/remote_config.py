@@ -80,9 +80,15 @@ class ModalSandboxConfig(BaseModel):
         "python:3.11-slim",
         description="registry image; a task's Dockerfile (EnvironmentSpec.context) wins",
     )
+    build_context: str | None = Field(
+        None, description="a folder with a Dockerfile to build the image from (set by prepare)"
+    )
+    dockerfile: str = "Dockerfile"
     workdir: str = "/app"
+    slot_root: str = Field("/slots", description="each slot's folder is slot_root/k")
     env: dict[str, str] = Field(default_factory=dict)
     state_dir: str | None = None
+    network: bool = False
     cpu: float = Field(1.0, gt=0)
     memory_mb: int = Field(2048, gt=0)
     gpu: str | None = None
