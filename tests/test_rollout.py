@@ -217,3 +217,23 @@ def test_an_environment_loads_from_the_project_folder_and_from_a_file(
     assert load_environment(f"{package / 'envs.py'}:CountFiles").name == "count_files"
     with pytest.raises(ConfigError, match="cannot load environment"):
         load_environment("mypkg_rollout_test.envs:Nope")
+
+
+class ForkBomb:
+    """A scripted agent whose command exhausts the sandbox's process limit."""
+
+    name = "fork-bomb"
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        await ctx.sandbox.exec("bomb() { bomb | bomb & }; bomb", timeout=20)
+        await ctx.sandbox.exec("true", timeout=20)
+        return AgentResult(messages=[])
+
+
+async def test_a_limit_the_agent_hits_is_a_failure_of_kind_limit_that_counts() -> None:
+    async with SlotPool() as pool:
+        spec = _spec(ForkBomb(), sandbox=LocalSandboxConfig(pids_limit=64))
+        outcome = await run_rollout(spec, pool)
+        assert pool.stats()["in_use"] == 0
+    assert outcome.error is not None and outcome.error.kind == "limit", outcome.error
+    assert outcome.error.scored and not outcome.passed

@@ -102,13 +102,21 @@ def write_context(root: Path, dockerfile: str, files: dict[str, str] | None = No
 # --- local backends: nothing to prepare -------------------------------------------------------
 
 
-@pytest.mark.parametrize("base", [LocalSandboxConfig(), UnsafeLocalSandboxConfig()])
-async def test_local_backends_prepare_nothing(base: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("base", "limited"),
+    [
+        (LocalSandboxConfig(), LocalSandboxConfig(cpus=2, memory_mb=64)),
+        (UnsafeLocalSandboxConfig(), UnsafeLocalSandboxConfig()),  # nothing to limit with
+    ],
+)
+async def test_local_backends_build_nothing_and_take_the_tasks_limits(
+    base: Any, limited: Any, tmp_path: Path
+) -> None:
     context = write_context(tmp_path / "env", "FROM scratch\n")
     spec = EnvironmentSpec(name="t", context=context, image="some/image:1", cpus=2, memory_mb=64)
     async with SlotPool(PoolConfig()) as pool:
         prepared = await pool.prepare(base, spec, force_build=True)
-    assert prepared == PreparedEnvironment(config=base, workspace_in_image=False)
+    assert prepared == PreparedEnvironment(config=limited, workspace_in_image=False)
     with pytest.raises(SandboxError, match="closed"):
         await pool.prepare(base, spec)
 

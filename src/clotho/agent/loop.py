@@ -22,7 +22,13 @@ from pydantic import BaseModel, ValidationError
 from clotho.agent.result import AgentResult, StopReason, ToolErrorRecord, TurnTiming
 from clotho.chat.models import ModelSession
 from clotho.chat.types import InvalidToolCall, ModelTurn, ToolCall
-from clotho.errors import AgentLimit, ModelError, SandboxError, describe_validation_error
+from clotho.errors import (
+    AgentLimit,
+    LimitExceeded,
+    ModelError,
+    SandboxError,
+    describe_validation_error,
+)
 from clotho.tools.runtime import ToolFailure, ToolRuntime
 from clotho.tools.tool import Tool
 
@@ -185,7 +191,7 @@ class AgentLoop:
             return await call.tool.run(self.runtime, call.arguments), False
         except ToolFailure as exc:
             return f"Error: {exc}", True
-        except SandboxError:
+        except (SandboxError, LimitExceeded):  # the sandbox broke or hit a limit: not the tool's
             raise
         except Exception as exc:
             return f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True
