@@ -264,3 +264,16 @@ async def test_isolated_slot_reads_only_regular_files_under_the_cap(
     await slot.download("t", tmp_path / "t2")
     assert (tmp_path / "t2" / "a").stat().st_size == 3000000
     await slot.close()
+
+
+async def test_a_cancelled_fresh_process_is_killed(sandbox: DockerSandbox) -> None:
+    running = asyncio.create_task(
+        sandbox.exec_fresh("echo $$ > /tmp/pid; exec sleep 300", timeout=60)
+    )
+    await asyncio.sleep(1.0)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    r = await sandbox.exec_fresh("kill -0 $(cat /tmp/pid) 2>/dev/null && echo alive || echo gone",
+                                 timeout=10)  # fmt: skip
+    assert r.stdout == "gone\n"

@@ -128,9 +128,8 @@ async def fresh_exec(
         raise SandboxError(f"cannot start a process in the container: {exc}") from exc
     transport, _ = await attach_exec(socket_path(container), execution.id, out, err)  # type: ignore[arg-type]
     timed_out = False
-    pid = 0
     try:
-        async with asyncio.timeout(timeout) as deadline:
+        async with asyncio.timeout(timeout):
             if stdin is not None:
                 for offset in range(0, len(stdin), _STDIN_CHUNK):
                     transport.write(stdin[offset : offset + _STDIN_CHUNK])
@@ -138,19 +137,12 @@ async def fresh_exec(
                 if transport.can_write_eof():
                     transport.write_eof()
             info = await _wait_exit(execution, out, err)
-            pid = int(info.get("Pid") or 0)
-        del deadline
     except TimeoutError:
         timed_out = True
-        info = await execution.inspect()
-        pid = int(info.get("Pid") or 0)
-        if pid > 0:
-            await asyncio.to_thread(_kill_tree, pid, str(container.id))
-        for _ in range(100):
-            info = await execution.inspect()
-            if not info.get("Running"):
-                break
-            await asyncio.sleep(0.02)
+        info = await _stop(execution, str(container.id))
+    except asyncio.CancelledError:  # the caller gave up: the process must not run on
+        await asyncio.shield(_stop(execution, str(container.id)))
+        raise
     finally:
         transport.close()
     code = int(info.get("ExitCode") if info.get("ExitCode") is not None else -1)
@@ -161,6 +153,20 @@ async def fresh_exec(
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
     )
+
+
+async def _stop(execution: Any, container_id: str) -> dict[str, Any]:
+    """Kill a fresh process's tree from the host and wait (2 s at most) for Docker to see it."""
+    info = await execution.inspect()
+    pid = int(info.get("Pid") or 0)
+    if pid > 0 and info.get("Running"):
+        await asyncio.to_thread(_kill_tree, pid, container_id)
+    for _ in range(100):
+        if not info.get("Running"):
+            break
+        await asyncio.sleep(0.02)
+        info = await execution.inspect()
+    return info
 
 
 async def _wait_exit(execution: Any, out: CappedSink, err: CappedSink) -> dict[str, Any]:
