@@ -86,3 +86,30 @@ async def test_a_slots_memory_failure_is_its_own() -> None:
         await b.close()
     finally:
         await host.close()
+
+
+@pytest.mark.parametrize("isolation", ["none", "bwrap"])
+async def test_a_slot_that_fills_the_disk_fails_alone_as_limit(isolation: str) -> None:
+    """The quota is the container's: the slot whose files passed it fails as `limit`; its
+    neighbour, killed with the container, is infrastructure (retried), not charged."""
+    import aiodocker
+
+    from clotho.errors import SandboxError
+
+    host = SlotHost(aiodocker.Docker(), owns_client=True)
+    try:
+        config = DockerSandboxConfig(
+            slots_per_container=2, slot_isolation=isolation, storage_mb=40, storage_check_s=0.3
+        )
+        a, b = await asyncio.gather(host.open(config), host.open(config))
+        with pytest.raises(LimitExceeded, match="disk"):
+            await a.exec(
+                "for i in $(seq 40); do head -c 10000000 /dev/urandom > f$i; sleep 0.1; done",
+                timeout=60,
+            )
+        with pytest.raises(SandboxError, match=f"slot {a.slot} filled"):
+            await b.exec("echo hi")
+        await a.close()
+        await b.close()
+    finally:
+        await host.close()

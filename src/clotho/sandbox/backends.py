@@ -27,7 +27,11 @@ from clotho.sandbox.config import (
     UnsafeLocalSandboxConfig,
 )
 from clotho.sandbox.leases import SandboxRecord, local_records, remove_local
-from clotho.sandbox.remote_config import RaySandboxConfig
+from clotho.sandbox.remote_config import (
+    ModalSandboxConfig,
+    NomadSandboxConfig,
+    RaySandboxConfig,
+)
 
 DEFAULT_LEASE_S = 6 * 3600.0
 
@@ -193,6 +197,10 @@ def backend_key(config: SandboxConfig, *, docker_url: str | None = None) -> str:
         return f"docker {config.docker_url or docker_url or ''}"
     if isinstance(config, RaySandboxConfig):
         return f"ray {config.address} {config.namespace} {backend_key(config.inner)}"
+    if isinstance(config, ModalSandboxConfig):
+        return f"modal {config.app_name}"
+    if isinstance(config, NomadSandboxConfig):
+        return f"nomad {config.address} {config.job_id}"
     return f"{config.backend} {config.state_dir or ''}"
 
 
@@ -210,4 +218,12 @@ def make_backend(config: SandboxConfig, *, docker_url: str | None = None) -> San
         from clotho.sandbox.ray.backend import RayBackend
 
         return RayBackend(config)
+    if isinstance(config, ModalSandboxConfig):
+        from clotho.sandbox.remote.modal_backend import ModalBackend
+
+        return ModalBackend()
+    if isinstance(config, NomadSandboxConfig):
+        from clotho.sandbox.remote.nomad_backend import NomadBackend
+
+        return NomadBackend(config)
     raise TypeError(f"unknown sandbox config: {type(config).__name__}")

@@ -118,10 +118,19 @@ class DockerSandboxConfig(_Common):
 
 # Backends that place sandboxes beyond this host: their configs (remote_config.py) name a
 # cluster and wrap the models above, so they are imported once those exist.
-from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
+from clotho.sandbox.remote_config import (  # noqa: E402
+    ModalSandboxConfig,
+    NomadSandboxConfig,
+    RaySandboxConfig,
+)
 
 SandboxConfig = Annotated[
-    LocalSandboxConfig | UnsafeLocalSandboxConfig | DockerSandboxConfig | RaySandboxConfig,
+    LocalSandboxConfig
+    | UnsafeLocalSandboxConfig
+    | DockerSandboxConfig
+    | RaySandboxConfig
+    | ModalSandboxConfig
+    | NomadSandboxConfig,
     Field(discriminator="backend"),
 ]
 

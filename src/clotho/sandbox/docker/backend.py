@@ -183,6 +183,7 @@ def _unpack(archive: Path, target: Path) -> None:
 
 class DockerSandbox(ShellBackedSandbox):
     _shared_limits = False  # slots share their container's cgroup with their neighbours
+    _limit_who: str | None = None  # a slot's name: a neighbour's disk failure is not its own
 
     def __init__(
         self,
@@ -489,19 +490,21 @@ class DockerSandbox(ShellBackedSandbox):
     async def _limited(self, run: Coroutine[Any, Any, ExecResult]) -> ExecResult:
         if self.limits.hit is not None:
             run.close()
-            self.limits.raise_if_hit()
+            self.limits.raise_if_hit(self._limit_who)
         since = self.limits.snapshot() if self._shared_limits else None
         watcher = self.limits.watch_disk()
         try:
             result = await run
         except SandboxError:  # the shell or container died: was a limit the cause?
-            await self.limits.check(disk=True, since=since)
+            await self.limits.check(disk=True, since=since, who=self._limit_who)
             raise
         finally:
             if watcher is not None:
                 watcher.cancel()
         killed = result.exit_code in (137, -9) or result.timed_out
-        await self.limits.check(disk=self.limits.due(), since=since, killed=killed)
+        await self.limits.check(
+            disk=self.limits.due(), since=since, killed=killed, who=self._limit_who
+        )
         return result
 
     async def read_file(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:

@@ -19,10 +19,11 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from clotho.errors import LimitExceeded
+from clotho.errors import LimitExceeded, SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,9 @@ class LimitWatch:
         self.storage_bytes = storage_mb * (1 << 20) if storage_mb else None
         self.check_interval_s = check_interval_s
         self.hit: str | None = None  # what broke the sandbox, once known
+        self.hit_by: str | None = None  # the slot whose files passed the disk quota
+        # Shared by slots: names the slot with the most disk (its folder holds its files).
+        self.culprit: Callable[[], Awaitable[str | None]] | None = None
         self._dirs: dict[str, Path] | None = None
         self._fds: dict[str, int | None] = {}
         self._checks: set[asyncio.Task[None]] = set()
@@ -127,9 +131,16 @@ class LimitWatch:
             self._fds.get("pids"), "max"
         )
 
-    def raise_if_hit(self) -> None:
-        if self.hit is not None:
-            raise LimitExceeded(self.hit)
+    def raise_if_hit(self, who: str | None = None) -> None:
+        """`LimitExceeded` once a limit broke the container; for a slot (`who`) whose
+        neighbour filled the shared disk, a `SandboxError` instead: not its failure."""
+        if self.hit is None:
+            return
+        if who is not None and self.hit_by is not None and who != self.hit_by:
+            raise SandboxError(
+                f"the container was killed: slot {self.hit_by} filled its disk ({self.hit})"
+            )
+        raise LimitExceeded(self.hit)
 
     def snapshot(self) -> tuple[int, int]:
         """The counters now: a slot's check compares against the value before its command."""
@@ -141,12 +152,13 @@ class LimitWatch:
         disk: bool = False,
         since: tuple[int, int] | None = None,
         killed: bool = True,
+        who: str | None = None,
     ) -> None:
         """Raise `LimitExceeded` if a limit refused something: for a whole container, since
         its start; for a slot (`since`: the counters before its command, `killed`: its
         command died by SIGKILL or its shell is gone), only then, since neighbours share the
         cgroup. `disk`: check the writable layer's size too."""
-        self.raise_if_hit()
+        self.raise_if_hit(who)
         oom, pids = self._counters()
         base = since if since is not None else self._base
         killed = killed or since is None  # a whole container: any refusal is its agent's
@@ -165,7 +177,7 @@ class LimitWatch:
             self.hit = hit
         if self.hit is None and disk:
             await self._check_disk()
-        self.raise_if_hit()
+        self.raise_if_hit(who)
 
     async def _check_disk(self) -> None:
         if self.storage_bytes is None:
@@ -173,6 +185,13 @@ class LimitWatch:
         self._last_disk = time.monotonic()
         used = await self.disk_used()
         if used > self.storage_bytes:
+            if self.culprit is not None:  # shared by slots: whose files are they?
+                try:
+                    self.hit_by = await self.culprit()
+                except Exception as exc:
+                    log.warning(
+                        "finding the slot that filled %s failed: %s", self.container.id, exc
+                    )
             self.hit = (
                 f"the sandbox wrote {used >> 20} MB, past its disk limit of "
                 f"{self.storage_bytes >> 20} MB"

@@ -122,6 +122,7 @@ class SlotSandbox(DockerSandbox):
         self.layout = layout
         self.slot = slot
         self.workdir = layout.sandbox_workdir
+        self._limit_who = layout.name
         self.hide = list(hide or [])
         self._retire = retire
 
@@ -167,7 +168,7 @@ class SlotSandbox(DockerSandbox):
         environment survives without isolation), its neighbours untouched."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
-        self.limits.raise_if_hit()  # a container killed past its disk quota: that is why
+        self.limits.raise_if_hit(self._limit_who)  # a container killed past its disk quota
         self._stopped = True
         code, output = await run_exec(
             self.container, ["sh", "-c", REAP_SCRIPT, "stop", self.layout.token, "", ""]
@@ -212,7 +213,7 @@ class IsolatedSlotSandbox(SlotSandbox):
         (nothing run in the container) must show none of them left."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
-        self.limits.raise_if_hit()  # a container killed past its disk quota: that is why
+        self.limits.raise_if_hit(self._limit_who)  # a container killed past its disk quota
         self._stopped = True
         uid = self.layout.uid
         left: list[str] = []

@@ -52,6 +52,7 @@ from clotho.sandbox.docker.fresh import run_exec
 from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.slot_layout import (
     REAP_SCRIPT,
+    SLOT_ROOT,
     SLOT_UID_BASE,
     SlotLayout,
     probe_script,
@@ -364,6 +365,7 @@ class SlotHost:
             raise
         box.isolation = isolation
         box.created = time.monotonic()
+        container = box.container
         box.limits = LimitWatch(
             box.container,
             memory_mb=config.memory_mb or DEFAULT_DOCKER_MEMORY_MB,
@@ -371,6 +373,7 @@ class SlotHost:
             storage_mb=config.storage_mb or DEFAULT_DOCKER_STORAGE_MB,
             check_interval_s=config.storage_check_s,
         )
+        box.limits.culprit = lambda: _biggest_slot(container)
         await box.limits.start()
 
     async def _delete(self, box: _SharedContainer) -> None:
@@ -411,6 +414,19 @@ class SlotHost:
         await asyncio.gather(*(self._remove(b) for b in boxes), return_exceptions=True)
         if self._owns_client:
             await self.docker.close()
+
+
+async def _biggest_slot(container: Any) -> str | None:
+    """The slot whose folder holds the most bytes (an isolated slot writes only there)."""
+    _, output = await run_exec(
+        container, ["sh", "-c", f"cd {SLOT_ROOT} && du -sxk -- */ 2>/dev/null"], timeout=30.0
+    )
+    sizes = []
+    for line in output.splitlines():
+        size, _, name = line.partition("\t")
+        if size.isdigit():
+            sizes.append((int(size), name.strip().rstrip("/")))
+    return max(sizes)[1] if sizes else None
 
 
 def _fresh_fifos(folder: Path) -> None:
