@@ -119,7 +119,8 @@ class NomadSandboxConfig(BaseModel):
     )
     image: str = Field("clotho/sandbox-server:latest", description="docker image or SIF path")
     server_port: int = Field(8080, description="port inside the allocation (mapped dynamically)")
-    workdir: str = "/app"
+    workdir: str = Field("/app", description="inside each slot's folder")
+    slot_root: str = Field("/slots", description="each slot's folder is slot_root/k")
     env: dict[str, str] = Field(default_factory=dict)
     state_dir: str | None = None
     cpu_mhz: int = Field(1000, gt=0)

@@ -64,6 +64,7 @@ class SlotHosts(Generic[H]):
         max_lifetime_s: float,
         acquire_timeout_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        removable: Callable[[H, list[H]], bool] | None = None,
     ) -> None:
         self._create = create
         self.slots = slots
@@ -73,6 +74,7 @@ class SlotHosts(Generic[H]):
         self.max_lifetime_s = max_lifetime_s
         self.acquire_timeout_s = acquire_timeout_s
         self._clock = clock
+        self._removable = removable or (lambda host, live: True)
         self.hosts: list[HostState[H]] = []
         self._starting = 0
         self._cond = asyncio.Condition()
@@ -168,6 +170,8 @@ class SlotHosts(Generic[H]):
             for state in sorted(live, key=lambda s: s.idle_since):
                 if state.used:
                     continue  # never under an acquired slot
+                if not self._removable(state.host, [s.host for s in self.hosts]):
+                    continue
                 old = now - state.created >= self.max_lifetime_s / 2
                 idle = now - state.idle_since >= self.idle_timeout_s
                 if old or (idle and spare > 0):
