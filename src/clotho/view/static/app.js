@@ -73,6 +73,22 @@ function diffInterval(pa, na, pb, nb) {
           d + Math.sqrt((b[1] - rb) ** 2 + (ra - a[0]) ** 2)];
 }
 
+// A poll that fails (the server stopped, the page is leaving) says so and tries again.
+function polled(fn) {
+  let busy = false;
+  return async () => {
+    if (busy) return; // a slow answer is not asked for twice
+    busy = true;
+    try {
+      await fn();
+    } catch (err) {
+      setLive("server unreachable: retrying");
+    } finally {
+      busy = false;
+    }
+  };
+}
+
 // ---- router ----
 window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", route);
@@ -135,7 +151,7 @@ async function runsView() {
   app.innerHTML = html;
   if (!EXPORT && runs.some((r) => !r.finished)) {
     const seq = routeSeq;
-    pollTimer = setInterval(async () => {
+    pollTimer = setInterval(polled(async () => {
       const fresh = await api("/api/runs");
       if (seq !== routeSeq) return;
       for (const r of fresh.filter((s) => s.kind === "run")) {
@@ -150,7 +166,7 @@ async function runsView() {
         cells[7].innerHTML = errorChips(r.errors);
         cells[8].innerHTML = secs(r.wall_s);
       }
-    }, POLL_MS);
+    }), POLL_MS);
   }
   const button = $("#compare");
   if (button) {
@@ -206,7 +222,7 @@ async function runView(id, seq) {
   renderTable(id, st);
   if (!EXPORT) {
     setLive(s.finished ? "" : "live: updating");
-    pollTimer = setInterval(async () => {
+    pollTimer = setInterval(polled(async () => {
       const trials = await api(`/api/run/${id}/trials?since=${st.rows.length}&version=${st.version}`);
       if (seq !== routeSeq || (!trials.rows.length && trials.version === st.version)) return;
       mergeRows(st, trials);
@@ -216,7 +232,7 @@ async function runView(id, seq) {
       renderFilters(id, st);
       renderTable(id, st);
       setLive(st.overview.summary.finished ? "" : `live: ${st.rows.length} trials`);
-    }, POLL_MS);
+    }), POLL_MS);
   }
 }
 
