@@ -17,8 +17,6 @@ from tests.conftest import requires_bwrap
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
 
-from clotho.sandbox.ray.local_cluster import LocalRayCluster  # noqa: E402
-
 from clotho.agent.base import AgentContext  # noqa: E402
 from clotho.agent.result import AgentResult  # noqa: E402
 from clotho.rollout.outcome import VerifierOutcome  # noqa: E402
@@ -26,6 +24,7 @@ from clotho.rollout.run import RolloutSpec, run_rollout  # noqa: E402
 from clotho.sandbox import PoolConfig, SlotPool  # noqa: E402
 from clotho.sandbox.config import LocalSandboxConfig  # noqa: E402
 from clotho.sandbox.ray import HostLost, RayBackend, RaySandbox  # noqa: E402
+from clotho.sandbox.ray.local_cluster import LocalRayCluster  # noqa: E402
 from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
 
 pytestmark = requires_bwrap
@@ -130,9 +129,13 @@ async def _verify(sandbox: object, result: AgentResult) -> VerifierOutcome:
 
 
 async def test_a_node_that_dies_mid_run_fails_its_rollouts_as_infra_and_others_finish(
-    cluster: LocalRayCluster,
+    cluster: LocalRayCluster, tmp_path: Path
 ) -> None:
-    config = ray_config(cluster)
+    # A state folder of its own: other runs' reapers on this machine would take the dead
+    # node's orphan before `clotho sandbox gc` is shown to.
+    state = tmp_path / "state"
+    state.mkdir()
+    config = ray_config(cluster, state_dir=str(state))
     async with SlotPool(PoolConfig(max_size=8), labels={"clotho.run": "ray-death"}) as pool:
         events = [asyncio.Event() for _ in range(3)]
         specs = [
@@ -180,16 +183,33 @@ async def test_a_node_that_dies_mid_run_fails_its_rollouts_as_infra_and_others_f
         assert retry.passed, retry.error
         with pytest.raises(HostLost):
             await on_node2[0].exec("true")
-    # the surviving nodes kept nothing of the run
-    async with SlotPool() as pool:
-        backend = pool._backend(config)
-        left = [
-            r
-            for r in await backend.records()  # type: ignore[attr-defined]
-            if r.labels.get("clotho.run") == "ray-death"
-            and r.labels.get("clotho.ray-node") != node2
-        ]
-        assert left == []
+    # the surviving nodes kept nothing of the run; the dead node's folder is an orphan that
+    # `clotho sandbox ls/gc --ray` see and remove through a surviving node of its machine
+    where = ["--ray", cluster.address, "--state-dir", str(state)]
+    listed = await asyncio.to_thread(_clotho, "sandbox", "ls", *where, env={"COLUMNS": "400"})
+    rows = [line for line in listed.splitlines() if "ray-death" in line]
+    assert len(rows) >= 1 and all("yes" in row for row in rows), listed
+    cleaned = await asyncio.to_thread(_clotho, "sandbox", "gc", *where)
+    assert "removed" in cleaned and "removed 0 " not in cleaned, cleaned
+    assert list(state.iterdir()) == []
+    backend = RayBackend(config)
+    try:
+        left = [r for r in await backend.records() if r.labels.get("clotho.run") == "ray-death"]
+    finally:
+        await backend.aclose()
+    assert left == []
+
+
+def _clotho(*args: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "clotho", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 def _node_of(cluster: LocalRayCluster, index: int) -> str:

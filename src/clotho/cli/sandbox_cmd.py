@@ -22,13 +22,25 @@ DockerUrl = Annotated[
     typer.Option(help="Docker Engine API address (default: DOCKER_HOST or the unix socket)"),
 ]
 StateDir = Annotated[str | None, typer.Option(help="local sandbox folder (default: TMPDIR)")]
+RayAddress = Annotated[
+    str | None,
+    typer.Option("--ray", help="also every node of this Ray cluster (address or auto)"),
+]
 
 
 def _backends(
-    state_dir: str | None, docker_url: str | None
+    state_dir: str | None, docker_url: str | None, ray: str | None = None
 ) -> tuple[list[SandboxBackend], str | None]:
-    """The backends to ask: local folders (bubblewrap and unsafe-local alike) and Docker."""
+    """The backends to ask: local folders (bubblewrap and unsafe-local alike) and Docker,
+    and with `ray` the same on every node of that cluster."""
     backends: list[SandboxBackend] = [LocalBackend(state_dir)]
+    if ray:
+        from clotho.sandbox.backends import make_backend
+        from clotho.sandbox.config import LocalSandboxConfig
+        from clotho.sandbox.remote_config import RaySandboxConfig
+
+        inner = LocalSandboxConfig(state_dir=state_dir)
+        backends.append(make_backend(RaySandboxConfig(address=ray, inner=inner)))
     try:
         from clotho.sandbox.docker.backend import DockerBackend
 
@@ -52,9 +64,9 @@ async def _collect(
 
 
 async def _list(
-    state_dir: str | None, docker_url: str | None
+    state_dir: str | None, docker_url: str | None, ray: str | None = None
 ) -> tuple[list[SandboxRecord], list[str]]:
-    backends, problem = _backends(state_dir, docker_url)
+    backends, problem = _backends(state_dir, docker_url, ray)
     try:
         found, problems = await _collect(backends)
     finally:
@@ -80,9 +92,11 @@ def _age(created: float | str | None) -> str:
 
 
 @app.command("ls")
-def ls_command(state_dir: StateDir = None, docker_url: DockerUrl = None) -> None:
+def ls_command(
+    state_dir: StateDir = None, docker_url: DockerUrl = None, ray: RayAddress = None
+) -> None:
     """List clotho sandboxes (local folders and Docker containers) with their leases."""
-    records, problems = asyncio.run(_list(state_dir, docker_url))
+    records, problems = asyncio.run(_list(state_dir, docker_url, ray))
     table = Table()
     for column in (
         "backend",
@@ -112,9 +126,9 @@ def ls_command(state_dir: StateDir = None, docker_url: DockerUrl = None) -> None
 
 
 async def _gc(
-    state_dir: str | None, docker_url: str | None, everything: bool
+    state_dir: str | None, docker_url: str | None, everything: bool, ray: str | None = None
 ) -> tuple[int, list[str]]:
-    backends, problem = _backends(state_dir, docker_url)
+    backends, problem = _backends(state_dir, docker_url, ray)
     problems = [problem] if problem else []
     removed = 0
     try:
@@ -141,9 +155,10 @@ def gc_command(
     all_: Annotated[
         bool, typer.Option("--all", help="remove every clotho sandbox, live owner or not")
     ] = False,
+    ray: RayAddress = None,
 ) -> None:
     """Remove sandboxes whose owner process is dead or whose lease expired."""
-    removed, problems = asyncio.run(_gc(state_dir, docker_url, all_))
+    removed, problems = asyncio.run(_gc(state_dir, docker_url, all_, ray))
     console.print(f"removed {removed} sandbox(es)")
     for problem in problems:
         console.print(f"[yellow]not checked:[/] {escape(problem)}")
