@@ -49,6 +49,7 @@ class ChannelServer:
         self._tokens: set[str] = set()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self, host: str, token: str) -> int:
         self._tokens.add(token)
@@ -58,6 +59,7 @@ class ChannelServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         running: dict[int, asyncio.Task[Any]] = {}
+        self._writers.add(writer)
         try:
             hello = await asyncio.wait_for(_read_frame(reader), 10)
             if not isinstance(hello, str) or not any(
@@ -80,6 +82,7 @@ class ChannelServer:
         finally:
             for task in running.values():
                 task.cancel()
+            self._writers.discard(writer)
             writer.close()
 
     async def _answer(
@@ -105,6 +108,8 @@ class ChannelServer:
             self._server.close()
         for task in list(self._tasks):
             task.cancel()
+        for writer in list(self._writers):  # the clients see the stream end
+            writer.close()
 
 
 class ChannelLost(ConnectionError):
