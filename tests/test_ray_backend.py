@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import requires_bwrap
+from tests.docker_probe import requires_docker
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
 
@@ -22,7 +23,7 @@ from clotho.agent.result import AgentResult  # noqa: E402
 from clotho.rollout.outcome import VerifierOutcome  # noqa: E402
 from clotho.rollout.run import RolloutSpec, run_rollout  # noqa: E402
 from clotho.sandbox import PoolConfig, SlotPool  # noqa: E402
-from clotho.sandbox.config import LocalSandboxConfig  # noqa: E402
+from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig  # noqa: E402
 from clotho.sandbox.ray import HostLost, RayBackend, RaySandbox  # noqa: E402
 from clotho.sandbox.ray.local_cluster import LocalRayCluster  # noqa: E402
 from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
@@ -238,3 +239,21 @@ def test_eval_with_ray_runs_the_bundled_tasks_over_the_cluster_with_the_oracle_p
     saved = json.loads((out / "config.json").read_text())
     assert saved["sandbox"]["backend"] == "ray"
     assert saved["sandbox"]["inner"]["backend"] == "local"
+
+
+@requires_docker
+async def test_docker_sandboxes_run_on_the_nodes_too(cluster: LocalRayCluster) -> None:
+    config = RaySandboxConfig(
+        address=cluster.address, inner=DockerSandboxConfig(image="clotho/base:bookworm")
+    )
+    async with SlotPool(PoolConfig(max_size=4), labels={"clotho.run": "ray-docker"}) as pool:
+        boxes = [await pool.acquire(config) for _ in range(2)]
+        assert len({b.node_id for b in boxes}) == 2  # type: ignore[attr-defined]
+        for box in boxes:
+            assert (
+                await box.exec("cat /etc/debian_version >/dev/null && echo in")
+            ).stdout == "in\n"
+            await box.write_file("/app/x", b"through the actor")
+            assert await box.read_file("/app/x") == b"through the actor"
+        for box in boxes:
+            await pool.release(box)
