@@ -21,7 +21,7 @@ import os
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from clotho.errors import ConfigError
 from clotho.runs.metrics import compute_metrics
@@ -106,29 +106,31 @@ def _stats(values: list[float], prefix: str) -> dict[str, float]:
     }
 
 
+class RunOptions(TypedDict):
+    """The keyword options of a W&B run (`Tracker`, `GroupTracker`)."""
+
+    name: str | None
+    config: dict[str, Any]
+    job_type: str
+    directory: NotRequired[Path | None]
+
+
 class Tracker:
     """One W&B run."""
 
-    def __init__(
-        self,
-        project: str,
-        *,
-        name: str | None,
-        config: dict[str, Any],
-        job_type: str,
-        directory: Path | None = None,
-    ) -> None:
+    def __init__(self, project: str, **options: Unpack[RunOptions]) -> None:
         wandb = _wandb()
         self._wandb = wandb
         kwargs: dict[str, Any] = {}
+        directory = options.get("directory")
         if directory is not None and not os.environ.get("WANDB_DIR"):
             directory.mkdir(parents=True, exist_ok=True)
             kwargs["dir"] = str(directory)
         self.run = wandb.init(
             project=project,
-            name=name,
-            config=config,
-            job_type=job_type,
+            name=options["name"],
+            config=options["config"],
+            job_type=options["job_type"],
             reinit="create_new",
             **kwargs,
         )
@@ -234,18 +236,8 @@ def _log_records(
 class GroupTracker:
     """Logs scored groups as they come (`serve`), or from a groups file (`process`)."""
 
-    def __init__(
-        self,
-        project: str,
-        *,
-        name: str | None,
-        config: dict[str, Any],
-        job_type: str,
-        directory: Path | None = None,
-    ) -> None:
-        self.tracker = Tracker(
-            project, name=name, config=config, job_type=job_type, directory=directory
-        )
+    def __init__(self, project: str, **options: Unpack[RunOptions]) -> None:
+        self.tracker = Tracker(project, **options)
         self.step = 0
         self.rows: list[list[Any]] = []
         self.scores: list[float] = []
