@@ -61,6 +61,7 @@ class SweTrial:
             repos_dir=Path(options.repos_dir) if options.repos_dir else None,
             network=options.network_clone,
         )
+        self._checked: Path | None = None  # the snapshot the record's diffs were checked on
 
     @property
     def name(self) -> str:
@@ -79,7 +80,9 @@ class SweTrial:
         `TaskError` naming the instance and the field."""
         instance = self.instance
         snapshot = await self.cache.snapshot_async(instance)
-        await asyncio.to_thread(self._check_patches, snapshot)
+        if self._checked != snapshot:  # once per record and snapshot: the warm path runs no git
+            await asyncio.to_thread(self._check_patches, snapshot)
+            self._checked = snapshot
         await sandbox.upload(snapshot, self.options.testbed)
         if instance.install_cmd:
             result = await sandbox.exec(
