@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -66,7 +68,10 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
 
 def process_command(
     env: EnvArg,
-    out: Annotated[Path, typer.Option(help="JSONL file of scored groups")],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="JSONL file of scored groups (default: runs/process-<env>-<time>.jsonl)"),
+    ] = None,
     n_groups: Annotated[int, typer.Option(min=1, help="how many groups to produce")] = 8,
     concurrency: Annotated[int, typer.Option(min=1, help="groups in flight at once")] = 2,
     config: ConfigOpt = None,
@@ -75,14 +80,38 @@ def process_command(
     base_url: BaseUrlOpt = None,
     group_size: GroupOpt = None,
     tokenizer: TokenizerOpt = None,
+    sandbox: Annotated[
+        Literal["local", "docker"] | None, typer.Option(help="sandbox backend (default: local)")
+    ] = None,
+    slots_per_container: Annotated[
+        int | None, typer.Option(min=1, help="docker: sandboxes per container")
+    ] = None,
+    instances: Annotated[
+        list[str] | None, typer.Option(help="instance files (environments with `instances`)")
+    ] = None,
+    max_items: Annotated[
+        int | None, typer.Option(min=1, help="items used, and groups produced at most")
+    ] = None,
     wandb: WandbOpt = None,
 ) -> None:
     """Produce scored groups without a trainer: JSONL plus a report page (clotho view's export)."""
     from clotho.trainers.jsonl import JsonlSink
     from clotho.view.export import write_groups_report
 
+    sets = list(set_ or [])
+    if sandbox:
+        sets.append(f"sandbox.backend={sandbox}")
+    if slots_per_container:
+        sets.append(f"sandbox.slots_per_container={slots_per_container}")
+    if instances:
+        sets.append(f"instances={json.dumps(instances)}")
+    if max_items:
+        sets.append(f"max_items={max_items}")
+        n_groups = min(n_groups, max_items)
+    out = out or Path("runs") / f"process-{Path(env).stem}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+
     async def main() -> None:
-        environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
+        environment = build_environment(env, config, sets, model, base_url, group_size, tokenizer)
         sink = JsonlSink(out)
         written: list[ScoredGroup] = []
 
