@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 import posixpath
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from pydantic import BaseModel
 
@@ -32,6 +34,22 @@ class ExecOptions(TypedDict, total=False):
     cwd: str | None
     env: dict[str, str] | None
     user: str | None
+
+
+@dataclass(frozen=True)
+class FreshCall:
+    """One `Sandbox.exec_fresh` call, as the backend's `_exec_fresh` receives it."""
+
+    cmd: str
+    timeout: float
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    stdin: bytes | None = None
+    max_output_bytes: int = 1 << 20
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of `exec_fresh` (all but `cmd`), to pass the call on."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cmd"}
 
 
 class Sandbox(abc.ABC):
@@ -95,7 +113,14 @@ class Sandbox(abc.ABC):
         clean environment (the sandbox's base environment plus `env`; no BASH_ENV, functions,
         aliases or traps of the agent), as the sandbox's root, on the sandbox's file system.
         Verification runs this way after `stop_agent`. Each output stream is cut at
-        `max_output_bytes`, so the harness's memory stays bounded whatever is printed."""
+        `max_output_bytes`, so the harness's memory stays bounded whatever is printed.
+
+        Backends implement `_exec_fresh`, which receives the call whole."""
+        call = FreshCall(cmd, timeout, env, cwd, stdin, max_output_bytes)
+        return await self._exec_fresh(call)
+
+    async def _exec_fresh(self, call: FreshCall) -> ExecResult:
+        """The backend's fresh process for `call` (see `exec_fresh`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot run fresh processes")
 
     async def stop_agent(self) -> None:

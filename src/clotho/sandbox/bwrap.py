@@ -36,10 +36,10 @@ from typing import Unpack
 
 from clotho.errors import SandboxError
 from clotho.sandbox import proctree
-from clotho.sandbox.base import ExecOptions, ExecResult
+from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall
 from clotho.sandbox.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.config import LocalSandboxConfig, base_env
-from clotho.sandbox.fresh import digests_at, run_fresh
+from clotho.sandbox.fresh import digests_at, run_fresh_call
 from clotho.sandbox.limits import SandboxLimits
 from clotho.sandbox.netguard import guard_host_addresses
 from clotho.sandbox.shell import PersistentShell
@@ -350,52 +350,24 @@ class BwrapSandbox(ShellBackedSandbox):
         if self._closed or self._root_fd < 0:
             raise SandboxError("the sandbox is closed")
 
-    async def exec_fresh(
-        self,
-        cmd: str,
-        *,
-        timeout: float,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-        max_output_bytes: int = 1 << 20,
-    ) -> ExecResult:
+    async def _exec_fresh(self, call: FreshCall) -> ExecResult:
         """`nsenter` into the sandbox's namespaces (fds taken before the agent ran) and run a
         fresh `bash` as the sandbox's root, in its own cgroup: whatever it starts ends when it
         returns or times out."""
         self._check_open()
-        cgroups = self._cgroups
-        sub = cgroups.new_fresh() if cgroups is not None else None
-        prefix = cgroups.enter_argv(sub) if cgroups is not None and sub else []
         ns_args = [f"--{flag}=/proc/self/fd/{self._ns_fds[ns]}" for flag, ns in _NAMESPACES]
         root = f"/proc/self/fd/{self._root_fd}"
-        script = f"cd -- {shlex.quote(self.resolve(cwd or self.workdir))} || exit 126\n{cmd}"
-        argv = [*prefix, "nsenter", *ns_args, f"--root={root}", f"--wd={root}", "--",
+        cwd = shlex.quote(self.resolve(call.cwd or self.workdir))
+        script = f"cd -- {cwd} || exit 126\n{call.cmd}"
+        argv = ["nsenter", *ns_args, f"--root={root}", f"--wd={root}", "--",
                 "bash", "--noprofile", "--norc", "-c", script]  # fmt: skip
-
-        def kill_tree(pid: int) -> None:
-            if cgroups is not None and sub is not None:
-                cgroups.freeze_sync(sub)
-                cgroups.kill(sub)
-                cgroups.thaw(sub)
-            else:
-                proctree.kill_descendants(pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-        try:
-            return await run_fresh(
-                argv,
-                env=base_env("/root", {**self.config.env, **(env or {})}),
-                timeout=timeout,
-                stdin=stdin,
-                max_output_bytes=max_output_bytes,
-                kill_tree=kill_tree,
-                pass_fds=[*self._ns_fds.values(), self._root_fd],
-            )
-        finally:
-            if cgroups is not None and sub is not None:
-                cgroups.remove_sub(sub)
+        return await run_fresh_call(
+            argv,
+            call,
+            cgroups=self._cgroups,
+            env=base_env("/root", {**self.config.env, **(call.env or {})}),
+            pass_fds=[*self._ns_fds.values(), self._root_fd],
+        )
 
     async def stop_agent(self) -> None:
         """Freeze the sandbox's cgroup (atomic: nothing forks past it), SIGKILL all but the

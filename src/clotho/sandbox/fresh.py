@@ -9,11 +9,14 @@ import contextlib
 import hashlib
 import os
 import posixpath
+import signal
 import stat
 import time
 from collections.abc import Callable, Sequence
 
-from clotho.sandbox.base import ExecResult
+from clotho.sandbox import proctree
+from clotho.sandbox.base import ExecResult, FreshCall
+from clotho.sandbox.cgroups import SandboxCgroups
 
 _READ = 1 << 16
 _MAX_LINKS = 40
@@ -111,6 +114,47 @@ async def run_fresh(
         timed_out=timed_out,
         duration_s=time.monotonic() - started,
     )
+
+
+async def run_fresh_call(
+    argv: Sequence[str],
+    call: FreshCall,
+    *,
+    cgroups: SandboxCgroups | None,
+    env: dict[str, str],
+    cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
+) -> ExecResult:
+    """`run_fresh` of `argv` for `call` (its timeout, stdin and output cap), in a cgroup of
+    its own under `cgroups` (removed afterwards), or without cgroups as a process tree: either
+    way, whatever it starts ends when it returns or times out."""
+    sub = cgroups.new_fresh() if cgroups is not None else None
+    prefix = cgroups.enter_argv(sub) if cgroups is not None and sub else []
+
+    def kill_tree(pid: int) -> None:
+        if cgroups is not None and sub is not None:
+            cgroups.freeze_sync(sub)
+            cgroups.kill(sub)
+            cgroups.thaw(sub)
+        else:
+            proctree.kill_descendants(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    try:
+        return await run_fresh(
+            [*prefix, *argv],
+            env=env,
+            timeout=call.timeout,
+            stdin=call.stdin,
+            max_output_bytes=call.max_output_bytes,
+            kill_tree=kill_tree,
+            cwd=cwd,
+            pass_fds=pass_fds,
+        )
+    finally:
+        if cgroups is not None and sub is not None:
+            cgroups.remove_sub(sub)
 
 
 # -- digests ----------------------------------------------------------------------------------

@@ -18,16 +18,15 @@ import contextlib
 import errno
 import os
 import shutil
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 
 from clotho.errors import SandboxError
 from clotho.sandbox import proctree
-from clotho.sandbox.base import ExecResult
+from clotho.sandbox.base import ExecResult, FreshCall
 from clotho.sandbox.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.config import UnsafeLocalSandboxConfig, base_env
-from clotho.sandbox.fresh import digests_at, run_fresh
+from clotho.sandbox.fresh import digests_at, run_fresh_call
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.state import remove_state_dir, state_dir_until_started
@@ -69,46 +68,17 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
         home = str(self.state / "home")
         return base_env(home, {"TMPDIR": str(self.state), **self.config.env, **(extra or {})})
 
-    async def exec_fresh(
-        self,
-        cmd: str,
-        *,
-        timeout: float,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-        max_output_bytes: int = 1 << 20,
-    ) -> ExecResult:
+    async def _exec_fresh(self, call: FreshCall) -> ExecResult:
         """A new `bash` on the host (its own cgroup as root): ends with all it started."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
-        cgroups = self._cgroups
-        sub = cgroups.new_fresh() if cgroups is not None else None
-        prefix = cgroups.enter_argv(sub) if cgroups is not None and sub else []
-
-        def kill_tree(pid: int) -> None:
-            if cgroups is not None and sub is not None:
-                cgroups.freeze_sync(sub)
-                cgroups.kill(sub)
-                cgroups.thaw(sub)
-            else:
-                proctree.kill_descendants(pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-        try:
-            return await run_fresh(
-                [*prefix, "bash", "--noprofile", "--norc", "-c", cmd],
-                env=self._env(env),
-                cwd=self.resolve(cwd or self.workdir),
-                timeout=timeout,
-                stdin=stdin,
-                max_output_bytes=max_output_bytes,
-                kill_tree=kill_tree,
-            )
-        finally:
-            if cgroups is not None and sub is not None:
-                cgroups.remove_sub(sub)
+        return await run_fresh_call(
+            ["bash", "--noprofile", "--norc", "-c", call.cmd],
+            call,
+            cgroups=self._cgroups,
+            env=self._env(call.env),
+            cwd=self.resolve(call.cwd or self.workdir),
+        )
 
     async def stop_agent(self) -> None:
         """As root: freeze the shell's cgroup and SIGKILL everything in it (the shell too: the
