@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from clotho.sandbox.base import Sandbox
+from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import (
     DockerSandboxConfig,
     LocalSandboxConfig,
@@ -32,8 +34,11 @@ from clotho.sandbox.remote_config import (
     NomadSandboxConfig,
     RaySandboxConfig,
 )
+from clotho.sandbox.unsafe_local import UnsafeLocalSandbox
 
 DEFAULT_LEASE_S = 6 * 3600.0
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
 class EnvironmentSpec(BaseModel):
@@ -63,7 +68,17 @@ class PreparedEnvironment(BaseModel):
     )
 
 
-class SandboxBackend(abc.ABC):
+@dataclass(frozen=True)
+class OpenRequest(Generic[ConfigT]):
+    """One `SandboxBackend.open` call, as the backend's `_open` receives it: its config
+    already checked to be the backend's `config_type`."""
+
+    config: ConfigT
+    labels: dict[str, str]
+    lease_s: float = DEFAULT_LEASE_S
+
+
+class SandboxBackend(abc.ABC, Generic[ConfigT]):
     """One kind of sandbox in one place (a daemon, a state folder), shared by its sandboxes.
 
     `open` returns a `Sandbox` that carries the exec channel, file transfer and `close`
@@ -72,8 +87,8 @@ class SandboxBackend(abc.ABC):
     """
 
     kind: ClassVar[str]
+    config_type: type[ConfigT]  # the one member of `SandboxConfig` that `open` accepts
 
-    @abc.abstractmethod
     async def open(
         self,
         config: SandboxConfig,
@@ -82,7 +97,17 @@ class SandboxBackend(abc.ABC):
         lease_s: float = DEFAULT_LEASE_S,
     ) -> Sandbox:
         """A fresh sandbox labelled with `labels` and a lease of `lease_s` seconds. Raises
-        `SandboxError` when it cannot be made; leaves nothing behind when it fails."""
+        `SandboxError` when it cannot be made; leaves nothing behind when it fails.
+
+        Backends implement `_open`, which receives the call whole; a config of another
+        backend is a TypeError."""
+        if not isinstance(config, self.config_type):
+            raise TypeError(f"the {self.kind} backend cannot open {type(config).__name__}")
+        return await self._open(OpenRequest(config, labels, lease_s))
+
+    async def _open(self, request: OpenRequest[ConfigT]) -> Sandbox:
+        """The backend's fresh sandbox for `request` (see `open`)."""
+        raise NotImplementedError(f"{type(self).__name__} opens no sandboxes")
 
     async def prepare(
         self, base: SandboxConfig, spec: EnvironmentSpec, *, force_build: bool = False
@@ -99,7 +124,7 @@ class SandboxBackend(abc.ABC):
     async def remove(self, record: SandboxRecord) -> None:
         """Remove one listed sandbox and its processes; one already gone is not an error."""
 
-    async def aclose(self) -> None:  # noqa: B027 (a backend holding nothing has nothing to do)
+    async def aclose(self) -> None:  # a backend holding nothing has nothing to do
         """Release what the backend holds (clients, shared containers). Idempotent."""
 
     async def healthy(self) -> bool:
@@ -108,12 +133,14 @@ class SandboxBackend(abc.ABC):
         return True
 
 
-class FolderBackend(SandboxBackend):
+class FolderBackend(SandboxBackend[ConfigT]):
     """Sandboxes that are a labelled host folder plus processes (`state.py`).
 
     The folders of bubblewrap and unsafe-local sandboxes look alike, so both backends list
     every sandbox folder in their state folder (as records of backend "local").
     """
+
+    sandbox_type: ClassVar[Any]  # its `create(config, labels)` makes the sandbox
 
     def __init__(self, state_dir: str | None = None) -> None:
         self.state_dir = state_dir
@@ -151,43 +178,27 @@ class FolderBackend(SandboxBackend):
             await asyncio.to_thread(remove_named, record.path.name)
             await asyncio.to_thread(remove_local, record)
 
+    async def _open(self, request: OpenRequest[ConfigT]) -> Sandbox:
+        """A sandbox of `sandbox_type`; the lease is not passed on (`create` writes the
+        default one)."""
+        sandbox: Sandbox = await self.sandbox_type.create(request.config, request.labels)
+        return sandbox
 
-class LocalBackend(FolderBackend):
+
+class LocalBackend(FolderBackend[LocalSandboxConfig]):
     """bubblewrap on this host (`bwrap.py`)."""
 
     kind = "local"
-
-    async def open(
-        self,
-        config: SandboxConfig,
-        labels: dict[str, str],
-        *,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> Sandbox:
-        from clotho.sandbox.bwrap import BwrapSandbox
-
-        if not isinstance(config, LocalSandboxConfig):
-            raise TypeError(f"the local backend cannot open {type(config).__name__}")
-        return await BwrapSandbox.create(config, labels)
+    config_type = LocalSandboxConfig
+    sandbox_type = BwrapSandbox
 
 
-class UnsafeLocalBackend(FolderBackend):
+class UnsafeLocalBackend(FolderBackend[UnsafeLocalSandboxConfig]):
     """Plain processes in a host folder (`unsafe_local.py`): no isolation."""
 
     kind = "unsafe-local"
-
-    async def open(
-        self,
-        config: SandboxConfig,
-        labels: dict[str, str],
-        *,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> Sandbox:
-        from clotho.sandbox.unsafe_local import UnsafeLocalSandbox
-
-        if not isinstance(config, UnsafeLocalSandboxConfig):
-            raise TypeError(f"the unsafe-local backend cannot open {type(config).__name__}")
-        return await UnsafeLocalSandbox.create(config, labels)
+    config_type = UnsafeLocalSandboxConfig
+    sandbox_type = UnsafeLocalSandbox
 
 
 def backend_key(config: SandboxConfig, *, docker_url: str | None = None) -> str:

@@ -42,10 +42,11 @@ from clotho.sandbox import exit_cleanup
 from clotho.sandbox.backends import (
     DEFAULT_LEASE_S,
     EnvironmentSpec,
+    OpenRequest,
     PreparedEnvironment,
     SandboxBackend,
 )
-from clotho.sandbox.base import ExecOptions, ExecResult, Sandbox
+from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, Sandbox
 from clotho.sandbox.config import (
     DEFAULT_DOCKER_MEMORY_MB,
     DEFAULT_DOCKER_STORAGE_MB,
@@ -367,30 +368,21 @@ class DockerSandbox(ShellBackedSandbox):
         """The environment of a fresh process: the sandbox's base environment plus `env`."""
         return {**base_env("/root", self.config.env), **(env or {})}
 
-    async def exec_fresh(
-        self,
-        cmd: str,
-        *,
-        timeout: float,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-        max_output_bytes: int = 1 << 20,
-    ) -> ExecResult:
-        """A new root process started by the Engine API (see `fresh.py`)."""
+    def _fresh_argv(self, cmd: str, cwd: str) -> tuple[list[str], str]:
+        """(argv, the exec's working directory) of a fresh process running `cmd` in `cwd`."""
+        return ["bash", "--noprofile", "--norc", "-c", cmd], cwd
+
+    async def _exec_fresh(self, call: FreshCall) -> ExecResult:
+        """A new root process started by the Engine API (see `fresh.py`), with the sandbox's
+        view (`_fresh_argv`, `fresh_env`; a slot's own), not through its shell."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
-        return await self._limited(
-            fresh_exec(
-                self.container,
-                ["bash", "--noprofile", "--norc", "-c", cmd],
-                env=self.fresh_env(env),
-                timeout=timeout,
-                cwd=self.resolve(cwd or self.workdir),
-                stdin=stdin,
-                max_output_bytes=max_output_bytes,
-            )
-        )
+        argv, workdir = self._fresh_argv(call.cmd, self.resolve(call.cwd or self.workdir))
+        running = fresh_exec(
+            self.container, argv, env=self.fresh_env(call.env), timeout=call.timeout,
+            cwd=workdir, stdin=call.stdin, max_output_bytes=call.max_output_bytes,
+        )  # fmt: skip
+        return await self._limited(running)
 
     async def stop_agent(self) -> None:
         """Freeze and kill every process but docker-init and the container's main process,
@@ -571,10 +563,11 @@ class DockerSandbox(ShellBackedSandbox):
                 await asyncio.to_thread(remove_state_dir, self.io_dir)
 
 
-class DockerBackend(SandboxBackend):
+class DockerBackend(SandboxBackend[DockerSandboxConfig]):
     """The Docker daemon at one address, and everything its sandboxes share."""
 
     kind = "docker"
+    config_type = DockerSandboxConfig
 
     def __init__(self, url: str | None = None, *, state_dir: str | None = None) -> None:
         self.url = url
@@ -613,15 +606,8 @@ class DockerBackend(SandboxBackend):
             self._images = ImageFactsCache(self.client)
         return self._images
 
-    async def open(
-        self,
-        config: SandboxConfig,
-        labels: dict[str, str],
-        *,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> Sandbox:
-        if not isinstance(config, DockerSandboxConfig):
-            raise TypeError(f"the docker backend cannot open {type(config).__name__}")
+    async def _open(self, request: OpenRequest[DockerSandboxConfig]) -> Sandbox:
+        config, labels, lease_s = request.config, request.labels, request.lease_s
         self._state_dirs.add(config.state_dir)
         if config.slots_per_container > 1:  # a slot of a shared container
             if self._slots is None:

@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clotho.errors import SandboxError, TamperError
-from clotho.sandbox.base import ExecResult
-from clotho.sandbox.config import DockerSandboxConfig, base_env
+from clotho.sandbox.config import base_env
 from clotho.sandbox.docker.archive import (
     download_tree,
     put_archive,
@@ -40,7 +39,6 @@ from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.docker.fresh import STOP_UID, fresh_exec, run_exec
 from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.slot_layout import REAP_SCRIPT, SlotLayout, container_path
-from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.transfer import BIG_FILE, IS_DIR_EXIT, NOT_FOUND_EXIT, read_host_file
 
 # Exit codes of the read check: the path is not a regular file; it is over the size cap.
@@ -102,21 +100,17 @@ class SlotSandbox(DockerSandbox):
 
     def __init__(
         self,
-        config: DockerSandboxConfig,
-        docker: Any,
-        container: Any,
-        shell: PersistentShell,
-        labels: dict[str, str],
-        *,
+        *sandbox: Any,
         layout: SlotLayout,
         slot: int,
         retire: Callable[[SlotSandbox], Awaitable[None]],
         hide: list[str] | None = None,
         limits: LimitWatch | None = None,
     ) -> None:
-        """`hide`: container paths an isolated slot's bubblewrap covers besides /slots;
+        """`sandbox`: `DockerSandbox`'s arguments (config, docker, container, shell, labels);
+        `hide`: container paths an isolated slot's bubblewrap covers besides /slots;
         `limits`: the container's, shared by its slots."""
-        super().__init__(config, docker, container, shell, labels)
+        super().__init__(*sandbox)
         if limits is not None:
             self.limits = limits
         self.layout = layout
@@ -138,30 +132,6 @@ class SlotSandbox(DockerSandbox):
         """The slot's base environment (its token included, so `stop_agent` finds what a
         fresh process started) plus `env`."""
         return {**self.layout.env(base_env(self.layout.home, self.config.env)), **(env or {})}
-
-    def _fresh_argv(self, cmd: str, cwd: str) -> tuple[list[str], str]:
-        """(argv, the exec's working directory) of a fresh process of the slot."""
-        return ["bash", "--noprofile", "--norc", "-c", cmd], cwd
-
-    async def exec_fresh(
-        self,
-        cmd: str,
-        *,
-        timeout: float,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-        max_output_bytes: int = 1 << 20,
-    ) -> ExecResult:
-        """A new process started by the Engine API with the slot's view (not its shell)."""
-        if self._closed:
-            raise SandboxError("the sandbox is closed")
-        argv, workdir = self._fresh_argv(cmd, self.resolve(cwd or self.workdir))
-        running = fresh_exec(
-            self.container, argv, env=self.fresh_env(env), timeout=timeout, cwd=workdir,
-            stdin=stdin, max_output_bytes=max_output_bytes,
-        )  # fmt: skip
-        return await self._limited(running)
 
     async def stop_agent(self) -> None:
         """Kill every process of this slot only (by its token: a process that cleared its
