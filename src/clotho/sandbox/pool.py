@@ -40,6 +40,18 @@ log = logging.getLogger(__name__)
 Opener = Callable[[SandboxConfig, dict[str, str]], Awaitable[Sandbox]]
 
 
+async def wait_for_change(
+    cond: asyncio.Condition, deadline: float, full: Callable[[], str]
+) -> None:
+    """Wait, holding `cond`, until it is notified or `deadline` (`time.monotonic`) passes; past
+    the deadline, raise `SandboxError(full())`, which says what stayed full."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise SandboxError(full())
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(cond.wait(), remaining)
+
+
 class PoolConfig(BaseModel):
     max_size: int = Field(
         64, ge=1, description="sandboxes alive at once: in use, idle and starting"
@@ -219,14 +231,14 @@ class SlotPool:
                         break
                     if self._evict_other(key):
                         continue
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise SandboxError(
+                    await wait_for_change(
+                        self._cond,
+                        deadline,
+                        lambda: (
                             f"no sandbox available within {timeout or self.config.acquire_timeout_s:g} s: "
                             f"{len(self._in_use)} in use, pool max_size {self.config.max_size}"
-                        )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._cond.wait(), remaining)
+                        ),
+                    )
             if pooled is None:
                 return await self._create_in_use(config, key, labels)
             if await self._healthy(pooled):
