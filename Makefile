@@ -56,6 +56,7 @@ format: $(STAMP)
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
 test: system-deps docker-deps $(STAMP) lint
 	@bash scripts/atropos-venv.sh $(ATROPOS_VENV)
+	@bash scripts/build-swe-examples.sh $(BIN)/python
 	@CLOTHO_ATROPOS_VENV=$(ATROPOS_VENV) $(BIN)/pytest -q -ra; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

@@ -237,3 +237,24 @@ async def test_a_limit_the_agent_hits_is_a_failure_of_kind_limit_that_counts() -
         assert pool.stats()["in_use"] == 0
     assert outcome.error is not None and outcome.error.kind == "limit", outcome.error
     assert outcome.error.scored and not outcome.passed
+
+
+class _NoTurn:
+    """A scripted agent on a token backend whose time ran out before its first token."""
+
+    name = "no-turn"
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        return AgentResult(messages=[], stop_reason="time_limit", sequences=[])
+
+
+async def test_a_group_without_a_single_token_is_dropped_not_sent() -> None:
+    env = _BrokenSetup(EnvConfig(group_size=2, min_valid_rollouts=1), model=_NoModel())  # type: ignore[arg-type]
+    env.agent = lambda tools: _NoTurn()  # type: ignore[method-assign]
+    try:
+        await env.setup()
+        group, rollouts = await env.collect_group(await env.get_next_item())
+    finally:
+        await env.close()
+    assert group is None and len(rollouts) == 2
+    assert env.stats.dropped_no_tokens == 1 and env.stats.dropped_overlong == 0

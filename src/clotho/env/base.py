@@ -203,10 +203,7 @@ class Environment(abc.ABC, Generic[Item]):
         if self.config.ensure_scores_are_not_same and len(set(scores)) == 1:
             self.stats.dropped_same_scores += 1
             return None, rollouts
-        group = self.score_group(valid, tools)
-        if group is None:
-            self.stats.dropped_overlong += 1
-        return group, rollouts
+        return self.score_group(valid, tools), rollouts
 
     def tokenize(
         self, messages: list[dict[str, Any]], tools: Sequence[Tool]
@@ -234,6 +231,11 @@ class Environment(abc.ABC, Generic[Item]):
             else:
                 ids, mask = self.tokenize(rollout.messages, tools)
                 rows.append((rollout, ids, mask, None))
+        # A token backend's rollout stopped before its first token has no sequence to train.
+        rows = [row for row in rows if row[1] or row[3] is None]
+        if not rows:
+            self.stats.dropped_no_tokens += 1
+            return None
         limit = self.config.max_token_length
         tokens: list[list[int]] = []
         masks: list[list[int]] = []
@@ -241,6 +243,7 @@ class Environment(abc.ABC, Generic[Item]):
         for _, ids, mask, lps in rows:
             if limit is not None and len(ids) > limit:
                 if self.config.overlong == "drop":
+                    self.stats.dropped_overlong += 1
                     return None
                 ids, mask, lps = ids[:limit], mask[:limit], lps[:limit] if lps else lps
                 self.stats.truncated += 1

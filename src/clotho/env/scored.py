@@ -134,6 +134,7 @@ class GroupStats(BaseModel):
     dropped_too_few_valid: int = 0
     dropped_same_scores: int = 0
     dropped_overlong: int = 0
+    dropped_no_tokens: int = Field(0, description="no rollout produced a token to train on")
     rollouts: int = 0
     infra_errors: int = 0
     verifier_errors: int = 0
