@@ -27,8 +27,8 @@ from typing import Any
 
 from clotho.errors import SandboxError
 from clotho.sandbox.backends import (
-    DEFAULT_LEASE_S,
     EnvironmentSpec,
+    OpenRequest,
     PreparedEnvironment,
     SandboxBackend,
 )
@@ -113,10 +113,11 @@ class _Host:
     channel: ChannelClient | None = field(default=None, repr=False)
 
 
-class RayBackend(SandboxBackend):
+class RayBackend(SandboxBackend[RaySandboxConfig]):
     """Sandboxes on every node of one Ray cluster (`backend_key`: its address)."""
 
     kind = "ray"
+    config_type = RaySandboxConfig
 
     def __init__(self, config: RaySandboxConfig) -> None:
         self.config = config
@@ -311,14 +312,8 @@ class RayBackend(SandboxBackend):
             raise TypeError(f"the ray backend cannot open {type(config).__name__}")
         return config
 
-    async def open(
-        self,
-        config: SandboxConfig,
-        labels: dict[str, str],
-        *,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> Sandbox:
-        config = self._check(config)
+    async def _open(self, request: OpenRequest[RaySandboxConfig]) -> Sandbox:
+        config, labels, lease_s = request.config, request.labels, request.lease_s
         inner_json = config.inner.model_dump_json()
         tried: set[str] = set()
         while True:

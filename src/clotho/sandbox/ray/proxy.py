@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clotho.sandbox.base import ExecResult, Sandbox
+from clotho.sandbox.base import ExecResult, FreshCall, Sandbox
 from clotho.sandbox.ray.payload import pack, unpack
 
 if TYPE_CHECKING:
@@ -76,25 +76,9 @@ class RaySandbox(Sandbox):
             exit_code=code, stdout=out, stderr=err, timed_out=timed_out, duration_s=duration
         )
 
-    async def exec_fresh(
-        self,
-        cmd: str,
-        *,
-        timeout: float,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-        max_output_bytes: int = 1 << 20,
-    ) -> ExecResult:
-        options: dict[str, Any] = {
-            "timeout": timeout,
-            "env": env,
-            "cwd": cwd,
-            "stdin": stdin,
-            "max_output_bytes": max_output_bytes,
-        }
+    async def _exec_fresh(self, call: FreshCall) -> ExecResult:
         code, out, err, timed_out, duration = await self._call(
-            "exec_fresh", cmd, options, timeout=self._limit(timeout)
+            "exec_fresh", call.cmd, call.options(), timeout=self._limit(call.timeout)
         )
         return ExecResult(
             exit_code=code, stdout=out, stderr=err, timed_out=timed_out, duration_s=duration

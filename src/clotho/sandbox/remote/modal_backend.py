@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from clotho.errors import SandboxError, TaskError
 from clotho.sandbox.backends import (
-    DEFAULT_LEASE_S,
     EnvironmentSpec,
+    OpenRequest,
     PreparedEnvironment,
     SandboxBackend,
 )
@@ -159,10 +159,11 @@ def config_hash(config: ModalSandboxConfig) -> str:
     return hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:12]
 
 
-class ModalBackend(SandboxBackend):
+class ModalBackend(SandboxBackend[ModalSandboxConfig]):
     """Slots on Modal sandboxes, one `SlotHosts` pool per configuration."""
 
     kind = "modal"
+    config_type = ModalSandboxConfig
 
     def __init__(self, client: ModalClient | None = None) -> None:
         self._client = client
@@ -223,15 +224,8 @@ class ModalBackend(SandboxBackend):
         except Exception as exc:
             raise SandboxError(f"could not create a Modal sandbox: {exc}") from exc
 
-    async def open(
-        self,
-        config: SandboxConfig,
-        labels: dict[str, str],
-        *,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> Sandbox:
-        if not isinstance(config, ModalSandboxConfig):
-            raise TypeError(f"the modal backend cannot open {type(config).__name__}")
+    async def _open(self, request: OpenRequest[ModalSandboxConfig]) -> Sandbox:
+        config, labels, lease_s = request.config, request.labels, request.lease_s
         pool = self._pool(config, labels, lease_s)
         host, slot = await pool.acquire()
         single = config.slots_per_sandbox == 1

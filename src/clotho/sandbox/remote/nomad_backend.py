@@ -26,9 +26,8 @@ from typing import Any
 import httpx
 
 from clotho.errors import SandboxError
-from clotho.sandbox.backends import DEFAULT_LEASE_S, SandboxBackend
+from clotho.sandbox.backends import OpenRequest, SandboxBackend
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.config import SandboxConfig
 from clotho.sandbox.leases import SandboxRecord
 from clotho.sandbox.remote.slot_sandbox import RemoteSlotSandbox
 from clotho.sandbox.remote.slots import SlotHosts
@@ -185,10 +184,11 @@ class Allocation:
         await self._http.aclose()
 
 
-class NomadBackend(SandboxBackend):
+class NomadBackend(SandboxBackend[NomadSandboxConfig]):
     """Slots on the allocations of one Nomad job (`backend_key`: address and job)."""
 
     kind = "nomad"
+    config_type = NomadSandboxConfig
 
     def __init__(self, config: NomadSandboxConfig, api: NomadApi | None = None) -> None:
         self.config = config
@@ -254,15 +254,8 @@ class NomadBackend(SandboxBackend):
             await self.api.scale(self.config.job_id, self._target)
             self._claimed.discard(host.id)
 
-    async def open(
-        self,
-        config: SandboxConfig,
-        labels: dict[str, str],
-        *,
-        lease_s: float = DEFAULT_LEASE_S,
-    ) -> Sandbox:
-        if not isinstance(config, NomadSandboxConfig):
-            raise TypeError(f"the nomad backend cannot open {type(config).__name__}")
+    async def _open(self, request: OpenRequest[NomadSandboxConfig]) -> Sandbox:
+        config, labels = request.config, request.labels
         if self._maintenance is None:
             self._maintenance = asyncio.ensure_future(self._maintain())
         host, slot = await self.hosts.acquire()

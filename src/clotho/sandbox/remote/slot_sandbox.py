@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from clotho.errors import SandboxError
-from clotho.sandbox.base import ExecResult, Sandbox
+from clotho.sandbox.base import ExecResult, FreshCall, Sandbox
 from clotho.sandbox.config import DEFAULT_PATH
 
 # (script, stdin, timeout) -> (exit code, stdout, stderr)
@@ -141,22 +141,13 @@ class RemoteSlotSandbox(Sandbox):
             duration_s=duration,
         )
 
-    async def exec_fresh(
-        self,
-        cmd: str,
-        *,
-        timeout: float,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-        max_output_bytes: int = 1 << 20,
-    ) -> ExecResult:
+    async def _exec_fresh(self, call: FreshCall) -> ExecResult:
         """A new process with a clean environment (every call on the host is one)."""
         result = await self._command(
-            cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin, fresh=True
+            call.cmd, timeout=call.timeout, cwd=call.cwd, env=call.env, stdin=call.stdin, fresh=True
         )
-        result.stdout = result.stdout[:max_output_bytes]
-        result.stderr = result.stderr[:max_output_bytes]
+        result.stdout = result.stdout[: call.max_output_bytes]
+        result.stderr = result.stderr[: call.max_output_bytes]
         return result
 
     async def stop_agent(self) -> None:
