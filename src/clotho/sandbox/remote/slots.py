@@ -11,14 +11,13 @@ host is made, used and ended; nothing here blocks the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from clotho.errors import SandboxError
+from clotho.sandbox.pool import wait_for_change
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +97,14 @@ class SlotHosts(Generic[H]):
                         return state.host, slot
                 if len(self.hosts) + self._starting < self.max_hosts:
                     break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise SandboxError(
+                await wait_for_change(
+                    self._cond,
+                    deadline,
+                    lambda: (
                         f"no free slot within {self.acquire_timeout_s:g} s: "
                         f"{len(self.hosts)} hosts of {self.slots} slots, max {self.max_hosts}"
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._cond.wait(), remaining)
+                    ),
+                )
             self._starting += 1
         try:
             host = await self._create()
