@@ -79,6 +79,9 @@ class InfraError(ClothoError):
 class SandboxError(InfraError):
     """A sandbox could not be created, used or cleaned up."""
 
+    # True when the backend proves the host itself failed (a lost node): never the agent's.
+    host_failure: bool = False
+
 
 class ModelError(InfraError):
     """The model endpoint failed even after retries."""

@@ -23,6 +23,7 @@ from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
 from clotho.chat.models import Model, build_model
 from clotho.chat.token_model import TokenModel
+from clotho.chat.tokenizer import TemplateTokenizer
 from clotho.chat.tokens import NOT_SAMPLED
 from clotho.env.config import EnvConfig
 from clotho.env.context import ToolContext
@@ -203,6 +204,12 @@ class Environment(abc.ABC, Generic[Item]):
         if self.config.ensure_scores_are_not_same and len(set(scores)) == 1:
             self.stats.dropped_same_scores += 1
             return None, rollouts
+        if self.config.tokenizer and self._tokenizer is None:  # a tokenizer.json takes a while
+            async with self._loading:
+                if self._tokenizer is None:
+                    self._tokenizer = await asyncio.to_thread(
+                        TemplateTokenizer.from_path, self.config.tokenizer
+                    )
         return self.score_group(valid, tools), rollouts
 
     def tokenize(
@@ -211,9 +218,7 @@ class Environment(abc.ABC, Generic[Item]):
         """Tokens and masks (-100 outside assistant turns) from the model's chat template."""
         if not self.config.tokenizer:
             return [], []
-        if self._tokenizer is None:
-            from clotho.chat.tokenizer import TemplateTokenizer
-
+        if self._tokenizer is None:  # loaded off the loop by collect_group; here for direct use
             self._tokenizer = TemplateTokenizer.from_path(self.config.tokenizer)
         return self._tokenizer.tokens_and_masks(messages, tools=[t.schema() for t in tools] or None)
 

@@ -94,7 +94,11 @@ async def run_rollout(spec: RolloutSpec, pool: SlotPool) -> RolloutOutcome:
 async def _sandbox_error(
     exc: SandboxError, phase: Phase, spec: RolloutSpec, pool: SlotPool
 ) -> ErrorInfo:
-    if phase not in ("agent", "verify") or not await pool.backend_healthy(spec.sandbox):
+    if (
+        phase not in ("agent", "verify")
+        or exc.host_failure  # the backend proved its host failed
+        or not await pool.backend_healthy(spec.sandbox)
+    ):
         return ErrorInfo.of(exc)
     return ErrorInfo(
         kind="agent",

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
+import importlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -213,6 +216,29 @@ def backend_key(config: SandboxConfig, *, docker_url: str | None = None) -> str:
     if isinstance(config, NomadSandboxConfig):
         return f"nomad {config.address} {config.job_id}"
     return f"{config.backend} {config.state_dir or ''}"
+
+
+# Backends whose modules and SDKs (aiodocker, ray, modal) load on first use.
+_LAZY_MODULES = {
+    "docker": ("clotho.sandbox.docker.backend", "aiodocker"),
+    "ray": ("clotho.sandbox.ray.backend", "ray"),
+    "modal": ("clotho.sandbox.remote.modal_backend",),
+    "nomad": ("clotho.sandbox.remote.nomad_backend",),
+}
+
+
+def _import_all(modules: tuple[str, ...]) -> None:
+    for module in modules:
+        with contextlib.suppress(ImportError):  # a missing extra says so where it is used
+            importlib.import_module(module)
+
+
+async def import_backend(config: SandboxConfig) -> None:
+    """Import `config`'s backend and its SDK off the event loop (aiodocker with aiohttp takes
+    ~100 ms), so that the synchronous `make_backend` and clients find them loaded."""
+    modules = _LAZY_MODULES.get(config.backend, ())
+    if any(m not in sys.modules for m in modules):
+        await asyncio.to_thread(_import_all, modules)
 
 
 def make_backend(config: SandboxConfig, *, docker_url: str | None = None) -> SandboxBackend:

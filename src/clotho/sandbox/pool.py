@@ -30,6 +30,7 @@ from clotho.sandbox.backends import (
     PreparedEnvironment,
     SandboxBackend,
     backend_key,
+    import_backend,
     make_backend,
 )
 from clotho.sandbox.base import Sandbox
@@ -137,9 +138,11 @@ class SlotPool:
 
     async def backend_healthy(self, config: SandboxConfig) -> bool:
         """Whether the backend serving `config` works: what proves a failure the harness's."""
+        await import_backend(config)
         return await self._backend(config).healthy()
 
     async def _open(self, config: SandboxConfig, labels: dict[str, str]) -> Sandbox:
+        await import_backend(config)
         return await self._backend(config).open(config, labels, lease_s=self.config.lease_s)
 
     async def prepare(
@@ -149,6 +152,7 @@ class SlotPool:
         limits applied) on `base`'s backend. A failed image build is a `TaskError`."""
         if self._closed:
             raise SandboxError("the sandbox pool is closed")
+        await import_backend(base)
         return await self._backend(base).prepare(base, spec, force_build=force_build)
 
     def _total(self) -> int:
