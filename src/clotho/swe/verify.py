@@ -22,14 +22,14 @@ import shlex
 import tarfile
 from pathlib import Path
 
-from clotho.errors import TamperError, VerifierError
+from clotho.errors import VerifierError
 from clotho.rollout.outcome import VerifierOutcome
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DEFAULT_PATH
 from clotho.swe.instance import SweInstance, SweOptions
 from clotho.swe.repos import patch_files
 from clotho.swe.runner import outcomes, parse_junit, runner_files
-from clotho.tasks.verify import ProgramDigests
+from clotho.tasks.verify import ProgramDigests, stop_and_check
 
 WORK = "/tmp/clotho-swe"
 JUNIT_MAX_BYTES = 32 << 20
@@ -241,15 +241,7 @@ async def verify_instance(
 ) -> VerifierOutcome:
     """The instance's verdict on what the agent left at the testbed (module docstring)."""
     testbed = options.testbed
-    await sandbox.stop_agent()
-    if baseline is not None:
-        changes = baseline.changes(await sandbox.digests(baseline.paths))
-        if changes:
-            raise TamperError(
-                "programs the tests run were changed during the agent's run ("
-                + "; ".join(changes[:10])
-                + "); the tests were not run"
-            )
+    await stop_and_check(sandbox, baseline)
     payload = await asyncio.to_thread(harness_tar, instance, snapshot, restore_list(instance))
     await _fresh(sandbox, _prepare_script(), "prepare the verifier's folder", stdin=payload)
     await _fresh(sandbox, _restore_script(testbed), "restore the test files", timeout=600.0)

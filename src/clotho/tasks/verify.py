@@ -247,6 +247,21 @@ async def _read_reward(sandbox: Sandbox, test_exit: int, output: str) -> tuple[f
     )
 
 
+async def stop_and_check(sandbox: Sandbox, baseline: ProgramDigests | None) -> None:
+    """The first step of every verification: stop what the agent left running, then refuse to
+    go on (`TamperError`) if the programs the tests run were changed since `baseline`."""
+    await sandbox.stop_agent()
+    if baseline is None:
+        return
+    changes = baseline.changes(await sandbox.digests(baseline.paths))
+    if changes:
+        raise TamperError(
+            "programs the tests run were changed during the agent's run ("
+            + "; ".join(changes[:10])
+            + "); the tests were not run"
+        )
+
+
 async def run_verifier(
     task: Task,
     sandbox: Sandbox,
@@ -255,15 +270,7 @@ async def run_verifier(
 ) -> VerifierOutcome:
     """The task's verdict on what the agent left in `sandbox` (see the module docstring)."""
     timeout_s = timeout_s or task.config.verifier.timeout_sec
-    await sandbox.stop_agent()
-    if baseline is not None:
-        changes = baseline.changes(await sandbox.digests(baseline.paths))
-        if changes:
-            raise TamperError(
-                "programs the tests run were changed during the agent's run ("
-                + "; ".join(changes[:10])
-                + "); the tests were not run"
-            )
+    await stop_and_check(sandbox, baseline)
     tests = await asyncio.to_thread(_tests_tar, task)
     await _fresh(sandbox, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
     result = await sandbox.exec_fresh(

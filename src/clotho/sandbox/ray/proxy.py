@@ -10,9 +10,9 @@ from __future__ import annotations
 import errno
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
-from clotho.sandbox.base import ExecResult, FreshCall, Sandbox
+from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, Sandbox
 from clotho.sandbox.ray.payload import pack, unpack
 
 if TYPE_CHECKING:
@@ -53,24 +53,11 @@ class RaySandbox(Sandbox):
     def _limit(self, timeout: float | None) -> float | None:
         return None if timeout is None else timeout + self._backend.config.call_timeout_s
 
-    async def exec(
-        self,
-        cmd: str,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
-        options: dict[str, Any] = {"timeout": timeout}
-        if cwd is not None:
-            options["cwd"] = cwd
-        if env is not None:
-            options["env"] = env
-        if user is not None:
-            options["user"] = user
+    async def exec(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
+        timeout = options.get("timeout")
+        sent = {"timeout": timeout, **{k: v for k, v in options.items() if v is not None}}
         code, out, err, timed_out, duration = await self._call(
-            "exec", cmd, options, timeout=self._limit(timeout)
+            "exec", cmd, sent, timeout=self._limit(timeout)
         )
         return ExecResult(
             exit_code=code, stdout=out, stderr=err, timed_out=timed_out, duration_s=duration

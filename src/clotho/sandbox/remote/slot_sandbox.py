@@ -19,9 +19,10 @@ import tarfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Unpack
 
 from clotho.errors import SandboxError
-from clotho.sandbox.base import ExecResult, FreshCall, Sandbox
+from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, Sandbox
 from clotho.sandbox.config import DEFAULT_PATH
 
 # (script, stdin, timeout) -> (exit code, stdout, stderr)
@@ -89,18 +90,16 @@ class RemoteSlotSandbox(Sandbox):
         env = {**self._env, **(extra or {})}
         return " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
 
-    async def exec(
-        self,
-        cmd: str,
-        *,
-        timeout: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        user: str | None = None,
-    ) -> ExecResult:
+    async def exec(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
         if self.stopped:
             raise SandboxError("the agent was stopped: only exec_fresh and digests remain")
-        return await self._command(cmd, timeout=timeout, cwd=cwd, env=env, user=user)
+        return await self._command(
+            cmd,
+            timeout=options.get("timeout"),
+            cwd=options.get("cwd"),
+            env=options.get("env"),
+            user=options.get("user"),
+        )
 
     async def _command(
         self,
