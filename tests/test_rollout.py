@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from tests.conftest import requires_bwrap
+from tests.docker_probe import requires_docker
 from tests.test_chat_template import QWEN_DIR
 
 from clotho.agent.base import AgentContext
@@ -19,7 +20,7 @@ from clotho.env.scored import ScoredGroup
 from clotho.envs.terminal_test import InlineTask, TerminalTestEnv
 from clotho.errors import ConfigError, SandboxError
 from clotho.rollout import RolloutSpec, VerifierOutcome, run_rollout
-from clotho.sandbox import LocalSandboxConfig, Sandbox
+from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, Sandbox
 from clotho.sandbox.pool import SlotPool
 
 pytestmark = requires_bwrap
@@ -219,20 +220,22 @@ def test_an_environment_loads_from_the_project_folder_and_from_a_file(
         load_environment("mypkg_rollout_test.envs:Nope")
 
 
-class ForkBomb:
-    """A scripted agent whose command exhausts the sandbox's process limit."""
+class Hog:
+    """A scripted agent whose command allocates past the sandbox's memory limit."""
 
-    name = "fork-bomb"
+    name = "hog"
 
     async def run(self, ctx: AgentContext) -> AgentResult:
-        await ctx.sandbox.exec("bomb() { bomb | bomb & }; bomb", timeout=20)
-        await ctx.sandbox.exec("true", timeout=20)
+        await ctx.sandbox.exec(
+            "python3 -c 'x = bytearray(400 << 20); x[::4096] = b\"1\" * len(x[::4096])'"
+        )
         return AgentResult(messages=[])
 
 
+@requires_docker
 async def test_a_limit_the_agent_hits_is_a_failure_of_kind_limit_that_counts() -> None:
     async with SlotPool() as pool:
-        spec = _spec(ForkBomb(), sandbox=LocalSandboxConfig(pids_limit=64))
+        spec = _spec(Hog(), sandbox=DockerSandboxConfig(memory_mb=128))
         outcome = await run_rollout(spec, pool)
         assert pool.stats()["in_use"] == 0
     assert outcome.error is not None and outcome.error.kind == "limit", outcome.error
