@@ -175,10 +175,7 @@ class FolderBackend(SandboxBackend[ConfigT]):
     async def remove(self, record: SandboxRecord) -> None:
         """Kill the leftover's processes (its cgroups first: they hold every process however
         it was forked) and remove its folder and cgroups."""
-        if record.path is not None:
-            from clotho.sandbox.limits import remove_named
-
-            await asyncio.to_thread(remove_named, record.path.name)
+        if record.path is not None:  # remove_local ends its cgroups before the folder
             await asyncio.to_thread(remove_local, record)
 
     async def _open(self, request: OpenRequest[ConfigT]) -> Sandbox:
