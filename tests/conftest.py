@@ -5,8 +5,9 @@ from __future__ import annotations
 import shutil
 import signal
 import textwrap
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +84,19 @@ def make_task(tmp_path: Path) -> TaskFactory:
         return task
 
     return make
+
+
+@pytest.fixture
+async def docker() -> AsyncIterator[Any]:
+    """A raw aiodocker client, to look at containers and images from outside the sandboxes."""
+    from tests.docker_probe import DOCKER_PROBLEM
+
+    if DOCKER_PROBLEM is not None:
+        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
+    import aiodocker
+
+    client = aiodocker.Docker()
+    try:
+        yield client
+    finally:
+        await client.close()

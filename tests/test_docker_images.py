@@ -31,19 +31,6 @@ BASE_IMAGE = "clotho/base:bookworm"
 
 
 @pytest.fixture
-async def docker() -> AsyncIterator[Any]:
-    if DOCKER_PROBLEM is not None:
-        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
-    import aiodocker
-
-    client = aiodocker.Docker()
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
 async def tags(docker: Any) -> AsyncIterator[list[str]]:
     """Tags a test creates; removed afterwards (by tag: an image with other tags keeps them)."""
     from aiodocker.exceptions import DockerError

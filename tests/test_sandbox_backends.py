@@ -50,20 +50,6 @@ requires_bwrap = pytest.mark.skipif(
 
 
 @pytest.fixture
-async def docker() -> AsyncIterator[Any]:
-    """A raw aiodocker client, to look at containers and images from outside."""
-    if DOCKER_PROBLEM is not None:
-        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
-    import aiodocker
-
-    client = aiodocker.Docker()
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
 async def tags(docker: Any) -> AsyncIterator[list[str]]:
     """Image tags a test makes; removed afterwards."""
     from aiodocker.exceptions import DockerError

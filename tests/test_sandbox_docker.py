@@ -33,20 +33,6 @@ BASE_IMAGE = "clotho/base:bookworm"
 
 
 @pytest.fixture
-async def docker() -> AsyncIterator[Any]:
-    """A raw aiodocker client, to look at containers from outside the sandbox."""
-    if DOCKER_PROBLEM is not None:
-        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
-    import aiodocker
-
-    client = aiodocker.Docker()
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
 async def sandbox(docker: Any) -> AsyncIterator[DockerSandbox]:
     sb = await open_sandbox(DockerSandboxConfig(), labels={"clotho.test": "sandbox-docker"})
     assert isinstance(sb, DockerSandbox)

@@ -31,20 +31,6 @@ pytestmark = requires_docker
 
 
 @pytest.fixture
-async def docker() -> AsyncIterator[Any]:
-    """A raw aiodocker client, to look at containers from outside the sandboxes."""
-    if DOCKER_PROBLEM is not None:
-        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
-    import aiodocker
-
-    client = aiodocker.Docker()
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
 async def host(docker: Any) -> AsyncIterator[SlotHost]:
     slot_host = SlotHost(docker)
     try:
