@@ -39,6 +39,7 @@ BASE_PROGRAMS = (
     "bash", "sh", "env", "python3", "python", "pytest", "node", "perl", "uv", "uvx",
     "timeout", "cat", "head", "grep", "sed", "awk", "jq", "diff", "cmp", "test", "mkdir",
     "rm", "tar", "find", "echo", "printf", "sort", "wc", "tr", "git", "sqlite3",
+    "chmod", "stat",  # the verifier's own folder preparation and reward inspection run them
 )  # fmt: skip
 # Python's start-up hooks: code in them runs inside every test interpreter.
 _SITE_DIRS = (
