@@ -383,13 +383,11 @@ class BwrapSandbox(ShellBackedSandbox):
             await asyncio.to_thread(self._stop_by_signals)
 
     def _freeze_all(self, cgroups: SandboxCgroups) -> None:
-        if not cgroups.freeze_sync(AGENT):
+        if not cgroups.freeze_and_kill(AGENT, keep=self._keep):
             raise SandboxError("the sandbox's processes could not be frozen")
-        cgroups.kill(AGENT, keep=self._keep)
         for sub in cgroups.subgroups():
             if sub != AGENT:
-                cgroups.freeze_sync(sub)
-                cgroups.kill(sub)
+                cgroups.freeze_and_kill(sub)
                 cgroups.thaw(sub)
 
     def _stop_by_signals(self) -> None:

@@ -107,18 +107,28 @@ class SandboxCgroups:
         with contextlib.suppress(FileNotFoundError):
             (self.path("freezer", sub) / "freezer.state").write_text("THAWED")
 
-    def freeze_sync(self, sub: str, timeout: float = 10.0) -> bool:
-        """Freeze and wait until the kernel says every task is frozen (for threads/atexit)."""
+    def freeze_and_kill(self, sub: str, keep: Iterable[int] = (), timeout: float = 10.0) -> bool:
+        """Freeze `sub` and SIGKILL everything in it but `keep`, killing again until the
+        kernel says every task is frozen. Killing while freezing matters: a parent waiting in
+        `vfork` for a child the freezer already caught never counts as frozen (seen on 6.x
+        with cgroup v1), but SIGKILL ends that wait; newborns of a freezing cgroup are born
+        freezing, so each pass catches what the last one missed. Frozen tasks die on thaw."""
         try:
             self.start_freeze(sub)
         except FileNotFoundError:
             return True
         deadline = time.monotonic() + timeout
-        while not self.frozen(sub):
+        while True:
+            self.kill(sub, keep)
+            try:
+                if self.frozen(sub):
+                    self.kill(sub, keep)  # whatever was forked between the last pass and FROZEN
+                    return True
+            except FileNotFoundError:
+                return True
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.001)
-        return True
 
     def kill(self, sub: str, keep: Iterable[int] = ()) -> int:
         """SIGKILL every process in `sub` but `keep`. Frozen ones die when thawed."""
@@ -135,8 +145,7 @@ class SandboxCgroups:
     def destroy(self, timeout: float = 5.0) -> None:
         """Kill everything in every subgroup and remove the cgroups (blocking; a thread)."""
         for sub in self.subgroups():
-            self.freeze_sync(sub, timeout=1.0)
-            self.kill(sub)
+            self.freeze_and_kill(sub, timeout=1.0)
             self.thaw(sub)
         deadline = time.monotonic() + timeout
         for controller in self.controllers:

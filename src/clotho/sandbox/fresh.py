@@ -133,8 +133,7 @@ async def run_fresh_call(
 
     def kill_tree(pid: int) -> None:
         if cgroups is not None and sub is not None:
-            cgroups.freeze_sync(sub)
-            cgroups.kill(sub)
+            cgroups.freeze_and_kill(sub)
             cgroups.thaw(sub)
         else:
             proctree.kill_descendants(pid)

@@ -91,8 +91,7 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
 
             def stop() -> None:
                 for sub in cgroups.subgroups():
-                    cgroups.freeze_sync(sub)
-                    cgroups.kill(sub)
+                    cgroups.freeze_and_kill(sub)
                     if sub != AGENT:
                         cgroups.thaw(sub)
 
