@@ -1,69 +1,29 @@
-"""`clotho process`, `clotho serve`, `clotho evaluate`: run an RL environment."""
+"""`clotho process` and `clotho evaluate`: run an RL environment without a trainer."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import typer
-from rich.console import Console
 
-from clotho.cli.config_io import apply_sets, load_config_file, merge
-from clotho.cli.running import run_async
-from clotho.env.base import Environment
+from clotho.cli.env_options import (
+    BaseUrlOpt,
+    ConfigOpt,
+    EnvArg,
+    GroupOpt,
+    ModelOpt,
+    SetOpt,
+    TokenizerOpt,
+    WandbOpt,
+    build_environment,
+    console,
+    run_env_command,
+)
 from clotho.env.driver import produce_groups
-from clotho.env.registry import load_environment
 from clotho.env.scored import ScoredGroup
-from clotho.errors import ConfigError
-
-console = Console(stderr=True)
-
-EnvArg = Annotated[
-    str, typer.Argument(help="registered name (terminal_tasks) or package.module:Class")
-]
-ConfigOpt = Annotated[Path | None, typer.Option(help="YAML file with the environment's config")]
-SetOpt = Annotated[
-    list[str] | None, typer.Option("--set", help="override a config field: key.path=value")
-]
-ModelOpt = Annotated[str | None, typer.Option(help="model name (OpenAI-compatible endpoint)")]
-BaseUrlOpt = Annotated[list[str] | None, typer.Option(help="endpoint base URL; repeat to balance")]
-GroupOpt = Annotated[int | None, typer.Option(help="rollouts per item")]
-TokenizerOpt = Annotated[
-    str | None, typer.Option(help="tokenizer folder/file with a chat template")
-]
-WandbOpt = Annotated[
-    str | None,
-    typer.Option("--wandb", help="log to this Weights & Biases project (extra wandb)"),
-]
-
-
-def build_environment(
-    spec: str,
-    config_file: Path | None,
-    sets: list[str] | None,
-    model: str | None,
-    base_url: list[str] | None,
-    group_size: int | None,
-    tokenizer: str | None,
-) -> Environment[Any]:
-    """The environment from its config; without a model it loads the embedded one on first use."""
-    cls = load_environment(spec)
-    data = load_config_file(config_file) if config_file else {}
-    flags: dict[str, Any] = {"group_size": group_size, "tokenizer": tokenizer}
-    if model or base_url:
-        flags["model"] = {k: v for k, v in {"model": model, "base_url": base_url}.items() if v}
-    data = merge(data, {k: v for k, v in flags.items() if v is not None})
-    data = apply_sets(data, sets or [])
-    if "sandbox" in data:
-        data["sandbox"].setdefault("backend", "local")
-    return cls(cls.config_cls.model_validate(data))
-
-
-def _run(main: Coroutine[Any, Any, None]) -> None:
-    run_async(main, console, interrupted="what finished is kept")
 
 
 def process_command(
@@ -135,74 +95,7 @@ def process_command(
             console.print(f"{len(written)} groups in {out} (report {out.with_suffix('.html')})")
             console.print(f"stats: {environment.stats.model_dump()}")
 
-    _run(main())
-
-
-def serve_command(
-    env: EnvArg,
-    api_url: Annotated[
-        str, typer.Option(help="trajectory API (clotho api or Atropos run-api)")
-    ] = "http://localhost:8000",
-    concurrency: Annotated[int, typer.Option(min=1, help="groups in flight at once")] = 2,
-    weight: Annotated[float, typer.Option(help="this environment's share of batches")] = 1.0,
-    max_token_length: Annotated[int, typer.Option(help="reported to the trainer")] = 32768,
-    api_token: Annotated[
-        str | None,
-        typer.Option(
-            envvar="CLOTHO_API_TOKEN",
-            show_envvar=True,
-            help="the trajectory API's token (the one `clotho api` printed or was given)",
-        ),
-    ] = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    model: ModelOpt = None,
-    base_url: BaseUrlOpt = None,
-    group_size: GroupOpt = None,
-    tokenizer: TokenizerOpt = None,
-    wandb: WandbOpt = None,
-) -> None:
-    """Produce groups continuously for a trainer through the trajectory API."""
-    from clotho.trainers.client import ApiClientConfig, AtroposClient
-    from clotho.trainers.protocol import RegisterEnv
-
-    async def main() -> None:
-        environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
-        tracker = None
-        if wandb:
-            from clotho.runs.tracking import GroupTracker
-
-            settings = environment.config.model_dump(mode="json")
-            tracker = GroupTracker(wandb, name=f"serve-{env}", config=settings, job_type="serve")
-        client = AtroposClient(ApiClientConfig(url=api_url, token=api_token))
-        try:
-            reason = environment.untrainable()
-            if reason is not None:  # before registering: a trainer never sees this environment
-                raise ConfigError(reason)
-            await environment.setup()
-            registered = await client.register_env(
-                RegisterEnv(
-                    max_token_length=environment.config.max_token_length or max_token_length,
-                    desired_name=environment.name,
-                    weight=weight,
-                    group_size=environment.config.group_size,
-                )
-            )
-            console.print(f"registered as env {registered.env_id}; producing groups (Ctrl-C stops)")
-            await produce_groups(
-                environment,
-                client,
-                concurrency=concurrency,
-                on_group=tracker.log_group if tracker else None,
-            )
-        finally:
-            if tracker:
-                tracker.finish(environment.stats)
-            await client.aclose()
-            await environment.close()
-            console.print(f"stats: {environment.stats.model_dump()}")
-
-    _run(main())
+    run_env_command(main())
 
 
 def evaluate_command(
@@ -233,4 +126,4 @@ def evaluate_command(
 
             track_run(out, wandb, job_type="evaluate")
 
-    _run(main())
+    run_env_command(main())

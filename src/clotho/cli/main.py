@@ -8,9 +8,10 @@ from clotho import __version__
 from clotho.cli.api_cmd import api_command
 from clotho.cli.bench_cmd import app as bench_app
 from clotho.cli.check_cmd import check_command
-from clotho.cli.env_cmd import evaluate_command, process_command, serve_command
+from clotho.cli.env_cmd import evaluate_command, process_command
 from clotho.cli.eval_cmd import eval_command
 from clotho.cli.sandbox_cmd import app as sandbox_app
+from clotho.cli.serve_cmd import serve_command
 from clotho.cli.serve_model_cmd import serve_model_command
 from clotho.cli.swe_cmd import app as swe_app
 from clotho.cli.view_cmd import view_command
