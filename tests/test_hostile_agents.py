@@ -68,6 +68,8 @@ TAMPERING: dict[str, str] = {
     '/logs/verifier/reward.txt; done) >/dev/null 2>&1 &\\n\' > /tmp/c && cp /tmp/c "$p"',
     "sitecustomize": "d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))') "
     '&& mkdir -p "$d" && echo \'import os; os._exit(0)\' > "$d/sitecustomize.py"',
+    "system site .pth": "d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))') "
+    '&& mkdir -p "$d" && echo \'import os; os._exit(0)\' > "$d/zz-evil.pth"',
 }
 FORGERIES["user site"] = (
     'd=$(python3 -m site --user-site) && mkdir -p "$d" && '

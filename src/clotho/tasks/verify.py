@@ -20,7 +20,8 @@ import math
 import re
 import shlex
 import tarfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from clotho.errors import TamperError, VerifierError
 from clotho.rollout.outcome import VerifierOutcome
@@ -85,6 +86,20 @@ done
 """
 
 
+# `.pth` files in the site folders whose `import` lines Python runs at every interpreter's
+# start, changed (ctime) since the baseline: listed, never run (grep skips FIFOs/devices).
+# A find without -newerct (busybox) lists nothing: the check is best effort there.
+_CHANGED_HOOKS = """for d in {dirs}; do
+  [ -d "$d" ] || continue
+  find "$d" -maxdepth 1 -name '*.pth' -newerct @{since} 2>/dev/null \\
+    | while IFS= read -r f; do
+      grep -D skip -d skip -qE '^import[[:space:]]' -- "$f" && echo "$f"
+    done
+done
+true
+"""
+
+
 @dataclass
 class ProgramDigests:
     """The verifier's programs as they were before the agent started."""
@@ -92,6 +107,9 @@ class ProgramDigests:
     path_dirs: list[str]
     names: list[str]
     digests: dict[str, str | None]
+    # Host clock when taken: a start-up hook changed after it is the agent's (the sandbox
+    # shares the host's clock; nobody in it can set a file's ctime back).
+    taken_at: float = field(default_factory=time.time)
 
     @property
     def paths(self) -> list[str]:
@@ -255,6 +273,10 @@ async def stop_and_check(sandbox: Sandbox, baseline: ProgramDigests | None) -> N
     if baseline is None:
         return
     changes = baseline.changes(await sandbox.digests(baseline.paths))
+    if not changes:  # the programs are the baseline's: what find and grep say can be trusted
+        script = _CHANGED_HOOKS.format(dirs=" ".join(_SITE_DIRS), since=int(baseline.taken_at) - 1)
+        hooks = await _fresh(sandbox, script, "look for changed Python start-up hooks")
+        changes = [f"{path} (a .pth with import lines) changed" for path in hooks.splitlines()]
     if changes:
         raise TamperError(
             "programs the tests run were changed during the agent's run ("
