@@ -29,6 +29,13 @@ GroupOpt = Annotated[int | None, typer.Option(help="rollouts per item")]
 TokenizerOpt = Annotated[
     str | None, typer.Option(help="tokenizer folder/file with a chat template")
 ]
+RayOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="spread the sandboxes over a Ray cluster: its address, or auto (extra ray); "
+        "the config's sandbox says what each node runs"
+    ),
+]
 WandbOpt = Annotated[
     str | None,
     typer.Option("--wandb", help="log to this Weights & Biases project (extra wandb)"),
@@ -43,8 +50,12 @@ def build_environment(
     base_url: list[str] | None,
     group_size: int | None,
     tokenizer: str | None,
+    ray: str | None = None,
 ) -> Environment[Any]:
-    """The environment from its config; without a model it loads the embedded one on first use."""
+    """The environment from its config; without a model it loads the embedded one on first use.
+
+    `ray` (an address, or auto) wraps the configured sandbox, local by default, in a ray one
+    whose nodes each run it, as `clotho eval --ray` does."""
     cls = load_environment(spec)
     data = load_config_file(config_file) if config_file else {}
     flags: dict[str, Any] = {"group_size": group_size, "tokenizer": tokenizer}
@@ -54,6 +65,10 @@ def build_environment(
     data = apply_sets(data, sets or [])
     if "sandbox" in data:
         data["sandbox"].setdefault("backend", "local")
+    if ray:
+        inner = data.get("sandbox") or {"backend": "local"}
+        if inner.get("backend") != "ray":
+            data["sandbox"] = {"backend": "ray", "address": ray, "inner": inner}
     return cls(cls.config_cls.model_validate(data))
 
 
