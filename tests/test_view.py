@@ -192,18 +192,6 @@ def test_a_finished_runs_metrics_file_is_used_until_results_change(tmp_path: Pat
     assert summary["pass_rate"] == compute_metrics(source.records).pass_rate != 0.123
 
 
-def test_the_old_page_call_writes_the_report(tmp_path: Path) -> None:
-    from clotho.env.scored import ScoredGroup
-    from clotho.runs.browse import write_browser
-
-    lines = write_groups(tmp_path / "g.jsonl", 2).read_text().splitlines()
-    groups = [ScoredGroup.model_validate_json(line) for line in lines]
-    write_browser(groups, tmp_path / "page.html", "env: scored groups")
-    page = (tmp_path / "page.html").read_text()
-    assert '"/api/groups/0/group/1"' in page
-    assert "<noscript>" in page and "rollout 3 score 0" in page  # readable without JS too
-
-
 def test_token_ids_read_as_text_with_a_tokenizer(tmp_path: Path) -> None:
     from tests.real_tokenizers import QWEN_DIR
     from tokenizers import Tokenizer
