@@ -22,6 +22,7 @@ BUILTIN = {
     "terminal_tasks": "clotho.envs.terminal_tasks:TerminalTasksEnv",
     "terminal_test": "clotho.envs.terminal_test:TerminalTestEnv",
     "swe": "clotho.envs.swe:SweEnv",
+    "endless": "clotho.envs.endless:EndlessEnv",
 }
 
 

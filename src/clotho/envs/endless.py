@@ -1,0 +1,249 @@
+"""`endless`: terminal tasks written by a model as they are needed (the Endless-Terminals idea).
+
+`get_next_item` asks the generator model for a task (instruction, initial files and setup
+script, final-state tests, reference solution), builds it as a Harbor task directory, and
+keeps it only if it is sound: the tests fail on the initial state and pass after the
+reference solution, each checked in its own sandbox from the pool through the same trial
+path `clotho eval` uses. Anything else (a garbled reply, a hostile file name, a setup that
+fails, a task that is already solved or that its own solution cannot solve) is discarded and
+counted by reason in `stats.discarded`; after `max_generation_attempts` discarded candidates
+in a row, `get_next_item` raises a `TaskError` naming the reasons.
+
+A kept task is an ordinary Harbor task, so every rollout of its group is verified like one:
+its workspace is uploaded, the verifier's programs are fingerprinted before the agent starts,
+and its tests run in the rollout's own sandbox after the agent is stopped (`run_verifier`).
+The task folder lives as long as the environment (or for good under `save_tasks`), so all
+rollouts of a group, and later groups, can use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import ClassVar
+from weakref import WeakKeyDictionary
+
+from pydantic import Field
+
+from clotho.agent.result import AgentResult
+from clotho.chat.client import ModelConfig
+from clotho.chat.models import Model, build_model
+from clotho.env.base import Environment
+from clotho.env.config import EnvConfig
+from clotho.env.scored import GroupStats
+from clotho.envs.endless_build import (
+    BuildLimits,
+    check_soundness,
+    discard,
+    materialize,
+    task_digest,
+)
+from clotho.envs.endless_spec import (
+    SYSTEM_PROMPT,
+    USER_PROMPT,
+    GenerationLimits,
+    Rejected,
+    parse_reply,
+    slug,
+)
+from clotho.errors import ClothoError, ModelError, TaskError
+from clotho.rollout import VerifierOutcome
+from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
+from clotho.tasks.environment import environment_spec, upload_workspace
+from clotho.tasks.harbor import Task, load_task
+from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
+
+log = logging.getLogger(__name__)
+
+STAGING = ".staging"
+
+
+class EndlessConfig(EnvConfig):
+    generator_model: ModelConfig | None = Field(
+        None, description="the model that writes tasks (default: the environment's model)"
+    )
+    save_tasks: str | None = Field(
+        None,
+        description="folder that keeps every sound generated task as a Harbor task directory "
+        "(default: a temporary folder removed on close)",
+    )
+    max_generation_attempts: int = Field(
+        8, ge=1, description="candidates per item before get_next_item gives up"
+    )
+    topics: list[str] = Field(
+        default_factory=list, description="topics, one drawn per request (none: any task)"
+    )
+    setup_timeout_s: float = Field(120.0, gt=0, description="the setup script, once per task")
+    test_timeout_s: float = Field(60.0, gt=0, description="the final-state checks, per run")
+    solution_timeout_s: float = Field(120.0, gt=0, description="the reference solution")
+    agent_timeout_s: float = Field(600.0, gt=0, description="task.toml's agent limit")
+    max_workspace_bytes: int = Field(16 << 20, ge=1, description="the built workspace, as tar")
+    limits: GenerationLimits = Field(default_factory=GenerationLimits)
+
+
+class EndlessStats(GroupStats):
+    """Group stats plus what happened to the generated tasks."""
+
+    tasks_generated: int = Field(0, description="candidate tasks requested from the generator")
+    tasks_kept: int = Field(0, description="sound tasks, served as items")
+    tasks_discarded: int = 0
+    discarded: dict[str, int] = Field(
+        default_factory=dict,
+        description="discarded candidates by reason: model_error, unparseable, invalid, "
+        "duplicate, setup_failed, workspace_too_large, passes_initially, solution_fails, "
+        "check_error",
+    )
+
+
+class EndlessEnv(Environment[Task]):
+    name: ClassVar[str] = "endless"
+    config_cls: ClassVar[type[EnvConfig]] = EndlessConfig
+    config: EndlessConfig
+    stats: EndlessStats
+
+    def __init__(self, config: EnvConfig, **kwargs: object) -> None:
+        super().__init__(config, **kwargs)  # type: ignore[arg-type]
+        self.stats = EndlessStats()
+        self.generator: Model | None = None
+        self._own_generator = False
+        self._temporary: Path | None = None
+        self._prepared: dict[str, PreparedEnvironment] = {}
+        self._baselines: WeakKeyDictionary[Sandbox, ProgramDigests] = WeakKeyDictionary()
+        self.tasks: list[Task] = []
+
+    # -- setup -------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        if self.config.save_tasks:
+            self.folder = Path(self.config.save_tasks).resolve()
+            await asyncio.to_thread(self.folder.mkdir, parents=True, exist_ok=True)
+        else:
+            self._temporary = Path(
+                await asyncio.to_thread(tempfile.mkdtemp, prefix="clotho-endless-")
+            )
+            self.folder = self._temporary
+        self._require_pool()
+
+    @property
+    def build_limits(self) -> BuildLimits:
+        c = self.config
+        return BuildLimits(
+            setup_timeout_s=c.setup_timeout_s,
+            test_timeout_s=c.test_timeout_s,
+            solution_timeout_s=c.solution_timeout_s,
+            agent_timeout_s=c.agent_timeout_s,
+            max_workspace_bytes=c.max_workspace_bytes,
+        )
+
+    async def _require_generator(self) -> Model:
+        if self.generator is None:
+            if self.config.generator_model is not None:
+                self.generator = await build_model(self.config.generator_model)
+                self._own_generator = True
+            else:  # the environment's model (no model configured: the embedded one)
+                self.generator = await self._require_model()
+        return self.generator
+
+    # -- items -------------------------------------------------------------------------
+
+    async def get_next_item(self) -> Task:
+        """A new sound task; a `TaskError` after `max_generation_attempts` discarded ones."""
+        reasons: Counter[str] = Counter()
+        last: Rejected | None = None
+        for _ in range(self.config.max_generation_attempts):
+            try:
+                return await self._candidate()
+            except Rejected as rejected:
+                reasons[rejected.reason] += 1
+                last = rejected
+                self.stats.tasks_discarded += 1
+                self.stats.discarded[rejected.reason] = (
+                    self.stats.discarded.get(rejected.reason, 0) + 1
+                )
+                log.info("generated task discarded: %s", rejected)
+        summary = ", ".join(f"{n} {reason}" for reason, n in reasons.most_common())
+        message = (
+            f"the task generator produced no sound task in {self.config.max_generation_attempts} "
+            f"attempts ({summary}); last: {last}"
+        )
+        if set(reasons) == {"model_error"}:
+            raise ModelError(message)
+        raise TaskError(message)
+
+    def _messages(self) -> list[dict[str, str]]:
+        topic = f" about {self.rng.choice(self.config.topics)}" if self.config.topics else ""
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": USER_PROMPT.format(topic=topic)},
+        ]
+
+    async def _candidate(self) -> Task:
+        """One generated task, built and checked; `Rejected` when it is not kept."""
+        self.stats.tasks_generated += 1
+        generator = await self._require_generator()
+        try:
+            turn = await generator.session().complete(self._messages())
+        except ClothoError as exc:
+            raise Rejected("model_error", str(exc)[:300]) from exc
+        spec = parse_reply(turn.content or turn.reasoning or "", self.config.limits)
+        name = f"{slug(spec.name)}-{task_digest(spec)}"
+        final = self.folder / name
+        if name in self._prepared or final.exists():
+            raise Rejected("duplicate", f"{name} was generated before")
+        staging = self.folder / STAGING / f"{name}-{uuid.uuid4().hex[:8]}" / name
+        pool = self._require_pool()
+        base = self.config.sandbox
+        try:
+            task = await materialize(spec, staging, base, pool, self.build_limits)
+            soundness = await check_soundness(task, base, pool, self.build_limits)
+            problem = soundness.problem()
+            if problem is not None:
+                raise problem
+            try:
+                await asyncio.to_thread(os.rename, staging, final)
+            except OSError as exc:  # another call kept the same task meanwhile
+                raise Rejected("duplicate", f"{name}: {exc}") from exc
+        except TaskError as exc:  # the directory we wrote does not load: the spec's fault
+            raise Rejected("invalid", str(exc)[:300]) from exc
+        finally:
+            await asyncio.to_thread(discard, staging.parent)
+        task = await asyncio.to_thread(load_task, final)
+        self._prepared[task.name] = await pool.prepare(base, environment_spec(task))
+        self.tasks.append(task)
+        self.stats.tasks_kept += 1
+        log.info("generated task kept: %s", final)
+        return task
+
+    # -- rollouts ----------------------------------------------------------------------
+
+    def format_prompt(self, item: Task) -> str:
+        return item.instruction
+
+    def sandbox_config(self, item: Task) -> SandboxConfig:
+        return self._prepared[item.name].config
+
+    async def setup_workspace(self, item: Task, sandbox: Sandbox) -> None:
+        if not self._prepared[item.name].workspace_in_image:
+            await upload_workspace(item, sandbox)
+        self._baselines[sandbox] = await program_digests(item, sandbox)
+
+    async def verify(self, item: Task, result: AgentResult, sandbox: Sandbox) -> VerifierOutcome:
+        """The task's tests on what this rollout's agent left in its own sandbox."""
+        return await run_verifier(item, sandbox, self._baselines.pop(sandbox, None))
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+            if self._own_generator and self.generator is not None:
+                await self.generator.aclose()
+        finally:
+            if self._temporary is not None:
+                await asyncio.to_thread(shutil.rmtree, self._temporary, True)
+            elif getattr(self, "folder", None) is not None:
+                await asyncio.to_thread(shutil.rmtree, self.folder / STAGING, True)

@@ -1,0 +1,250 @@
+"""A generated task made real: a Harbor task directory, its workspace built in a sandbox, and
+the two soundness checks (the initial state fails the tests; the reference solution passes).
+
+The task directory is the one form a generated task takes, so what the environment trains on
+is exactly what `clotho eval <dir> --agent oracle` (or any Harbor runner) checks later:
+
+  instruction.md     the generator's instruction
+  task.toml          category, difficulty, timeouts
+  environment/       the workspace: the generator's files after its setup script ran
+  tests/test.sh      writes 0 to /logs/verifier/reward.txt, then 1 when the generator's
+                     final-state checks (inlined, so the verifier watches the programs they
+                     name) exit 0 within their time limit
+  solution/solve.sh  the generator's reference solution
+  generator/         what the generator wrote (setup.sh, task.json), for the record
+
+The setup script runs once per task in a sandbox from the pool, in a fresh process; whatever
+it started is stopped, and the workspace it left is copied out as a tar with only regular
+files, folders and links that stay inside (tarfile's `data` filter), under a size cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from clotho.agent.reference import NopAgent, OracleAgent
+from clotho.envs.endless_spec import GeneratedTask, Rejected
+from clotho.rollout import RolloutOutcome
+from clotho.sandbox import SandboxConfig
+from clotho.sandbox.pool import SlotPool
+from clotho.tasks.harbor import Task, load_task
+from clotho.tasks.trial import HarborTrial, run_trial
+
+_MARGIN_S = 60.0
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    setup_timeout_s: float
+    test_timeout_s: float
+    solution_timeout_s: float
+    agent_timeout_s: float
+    max_workspace_bytes: int
+
+
+def task_digest(task: GeneratedTask) -> str:
+    """Identifies a task's content: equal tasks get the same folder name."""
+    blob = json.dumps(task.model_dump(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def _delimiter(script: str) -> str:
+    lines = set(script.splitlines())
+    marker = "CLOTHO_FINAL_STATE_CHECKS"
+    while marker in lines:
+        marker += "_"
+    return marker
+
+
+def verifier_script(checks: str, timeout_s: float) -> str:
+    """tests/test.sh: reward 0 unless the checks exit 0 in time. The checks are inlined (a
+    quoted here-document, never expanded) so the verifier's program baseline covers every
+    command they name, as for any Harbor task."""
+    end = _delimiter(checks)
+    body = checks if checks.endswith("\n") else checks + "\n"
+    return (
+        "#!/bin/bash\n"
+        "# Verifier of a generated task (clotho endless): reward 1 only when the generator's\n"
+        "# final-state checks exit 0 within their time limit.\n"
+        "mkdir -p /logs/verifier\n"
+        "echo 0 > /logs/verifier/reward.txt\n"
+        f"CHECKS=$(cat <<'{end}'\n{body}{end}\n)\n"
+        f'if timeout {max(1, int(timeout_s))} bash -c "$CHECKS" final-state-checks; then\n'
+        "  echo 1 > /logs/verifier/reward.txt\n"
+        "fi\n"
+    )
+
+
+def _toml_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def write_task_dir(task: GeneratedTask, folder: Path, limits: BuildLimits) -> None:
+    """Everything of the Harbor directory except environment/ (built in a sandbox)."""
+    (folder / "tests").mkdir(parents=True)
+    (folder / "solution").mkdir()
+    (folder / "generator").mkdir()
+    (folder / "instruction.md").write_text(task.instruction.strip() + "\n")
+    (folder / "task.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            version = "1.0"
+
+            [metadata]
+            author_name = "clotho endless generator"
+            category = {_toml_string(task.category or "generated")}
+            difficulty = {_toml_string(task.difficulty or "medium")}
+            tags = ["generated"]
+
+            [verifier]
+            timeout_sec = {limits.test_timeout_s + 30:.1f}
+
+            [agent]
+            timeout_sec = {limits.agent_timeout_s:.1f}
+            """
+        )
+    )
+    (folder / "tests" / "test.sh").write_text(verifier_script(task.tests, limits.test_timeout_s))
+    solution = task.solution if task.solution.endswith("\n") else task.solution + "\n"
+    if not solution.startswith("#!"):
+        solution = "#!/bin/bash\n" + solution
+    (folder / "solution" / "solve.sh").write_text(solution)
+    (folder / "generator" / "setup.sh").write_text(task.setup)
+    (folder / "generator" / "task.json").write_text(json.dumps(task.model_dump(), indent=1))
+
+
+def _files_tar(task: GeneratedTask) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path, content in sorted(task.files.items()):
+            data = content.encode()
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            info.mode = 0o755 if content.startswith("#!") else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+async def build_workspace(
+    task: GeneratedTask,
+    environment_dir: Path,
+    base: SandboxConfig,
+    pool: SlotPool,
+    limits: BuildLimits,
+) -> None:
+    """Write the files into /app, run the setup script, copy /app out to `environment_dir`."""
+    sandbox = await pool.acquire(base, labels={"clotho.endless": "build"})
+    try:
+        workdir = sandbox.workdir
+        written = await sandbox.exec_fresh(
+            f"mkdir -p {workdir} && tar -x --no-same-owner -C {workdir}",
+            timeout=60,
+            stdin=_files_tar(task),
+        )
+        if not written.ok:
+            raise Rejected("setup_failed", f"cannot write the files: {written.stderr[-300:]!r}")
+        if task.setup.strip():
+            result = await sandbox.exec_fresh(
+                # the script is saved first: read from stdin, it could consume itself
+                'exec 2>&1; f=$(mktemp); cat > "$f"; bash "$f" < /dev/null; rc=$?; '
+                'rm -f -- "$f"; exit $rc',
+                timeout=limits.setup_timeout_s,
+                cwd=workdir,
+                stdin=task.setup.encode(),
+            )
+            if result.timed_out:
+                raise Rejected(
+                    "setup_failed", f"setup timed out after {limits.setup_timeout_s:g} s"
+                )
+            if not result.ok:
+                tail = result.stdout[-300:]
+                raise Rejected("setup_failed", f"setup exit code {result.exit_code}: {tail!r}")
+        await sandbox.stop_agent()  # whatever setup started in the background
+        cap = limits.max_workspace_bytes
+        packed = await sandbox.exec_fresh(
+            f"set -o pipefail; tar -c -f - -C {workdir} . | head -c {cap + 1} | base64 -w0",
+            timeout=120,
+            max_output_bytes=(cap + 1) * 4 // 3 + 16,
+        )
+        if not packed.ok:
+            raise Rejected("setup_failed", f"cannot pack the workspace: {packed.stderr[-300:]!r}")
+        try:
+            data = base64.b64decode(packed.stdout.strip(), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise Rejected("setup_failed", f"cannot read the packed workspace: {exc}") from exc
+        if len(data) > cap:
+            raise Rejected("workspace_too_large", f"the workspace is over {cap} bytes")
+        await asyncio.to_thread(_unpack, data, environment_dir)
+    finally:
+        await asyncio.shield(pool.release(sandbox))
+
+
+def _unpack(data: bytes, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            tar.extractall(folder, filter="data")  # no absolute names, devices or outside links
+    except (tarfile.TarError, OSError) as exc:
+        raise Rejected("setup_failed", f"the workspace cannot be unpacked: {exc}") from exc
+
+
+@dataclass
+class Soundness:
+    """The two checks of one candidate task."""
+
+    initial: RolloutOutcome
+    solved: RolloutOutcome
+
+    def problem(self) -> Rejected | None:
+        for outcome, what in ((self.initial, "initial state"), (self.solved, "solution")):
+            if outcome.error is not None:
+                return Rejected(
+                    "check_error", f"{what}: {outcome.error.kind}: {outcome.error.message[:300]}"
+                )
+        if self.initial.passed:
+            return Rejected("passes_initially", "the tests already pass on the initial state")
+        if not self.solved.passed:
+            output = self.solved.verifier.output[-300:] if self.solved.verifier else ""
+            return Rejected("solution_fails", f"the reference solution fails the tests: {output!r}")
+        return None
+
+
+async def check_soundness(
+    task: Task, base: SandboxConfig, pool: SlotPool, limits: BuildLimits
+) -> Soundness:
+    """The task's own trial path, twice, each in its own sandbox from the pool: doing nothing
+    must fail the tests, the reference solution must pass them."""
+    trial = HarborTrial(task)
+    timeout = limits.solution_timeout_s + limits.test_timeout_s + _MARGIN_S
+    initial, solved = await asyncio.gather(
+        run_trial(trial, NopAgent(), base, pool, timeout_s=timeout),
+        run_trial(trial, OracleAgent(), base, pool, timeout_s=timeout),
+    )
+    return Soundness(initial=initial, solved=solved)
+
+
+async def materialize(
+    task: GeneratedTask,
+    staging: Path,
+    base: SandboxConfig,
+    pool: SlotPool,
+    limits: BuildLimits,
+) -> Task:
+    """The Harbor directory of `task` at `staging`, its workspace built, loaded back."""
+    await asyncio.to_thread(write_task_dir, task, staging, limits)
+    await build_workspace(task, staging / "environment", base, pool, limits)
+    return await asyncio.to_thread(load_task, staging)
+
+
+def discard(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,341 @@
+"""The `endless` environment: generated tasks kept only when sound, verified per rollout.
+
+The generator and the agent are `ScriptedOpenAIServer`s (the TEST DOUBLE for a hosted model,
+see tests/scripted_openai.py): the generator replays a script of task replies, valid and
+invalid; the agent model solves the task in some rollouts and does nothing in others. The
+sandboxes, the verifier and `clotho eval` are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import requires_bwrap
+from tests.scripted_openai import HTTPError, RawBody, ScriptedOpenAIServer, assistant, tool_call
+
+from clotho.chat.client import ChatClient, ModelConfig
+from clotho.env.registry import load_environment
+from clotho.envs.endless import EndlessConfig, EndlessEnv
+from clotho.envs.endless_build import verifier_script
+from clotho.envs.endless_spec import GenerationLimits, Rejected, parse_reply
+from clotho.errors import ModelError, TaskError
+
+pytestmark = requires_bwrap
+
+SOLUTION = "wc -l < data/words.txt | tr -d ' ' > /app/count.txt"
+GOOD: dict[str, Any] = {
+    "name": "Count the lines!",
+    "category": "files",
+    "difficulty": "easy",
+    "instruction": "Count the lines of /app/data/words.txt; write the number to /app/count.txt.",
+    "files": {"data/words.txt": "alpha\nbeta\ngamma\n"},
+    "setup": "mkdir -p logs && echo started > logs/setup.log",
+    # the setup's file must be in the workspace, and the quoting must survive the wrapper
+    "tests": 'test -f /app/logs/setup.log\n[ "$(cat /app/count.txt)" = 3 ]\n',
+    "solution": SOLUTION,
+}
+
+
+def variant(**changes: Any) -> dict[str, Any]:
+    return {**GOOD, **changes}
+
+
+def reply(task: dict[str, Any] | str, fenced: bool = False) -> dict[str, Any]:
+    text = task if isinstance(task, str) else json.dumps(task)
+    if fenced:
+        text = f"Here is a task:\n```json\n{text}\n```\nEnjoy."
+    return assistant(text)
+
+
+ALREADY_SOLVED = variant(name="solved", files={**GOOD["files"], "count.txt": "3\n"})
+WRONG_SOLUTION = variant(name="wrong", solution="echo 4 > /app/count.txt")
+GARBLED = "Sure! {name: 'count', tests: oops"
+CLIMBING = variant(name="climb", files={"../outside.txt": "x"})
+ABSOLUTE = variant(name="abs", files={"/etc/cron.d/evil": "x"})
+FAILING_SETUP = variant(name="setup-fails", setup="exit 3")
+
+
+def agent_model(solve_every: int = 2) -> Any:
+    """A scripted agent: rollouts 1, 3, ... run the solution, rollouts 2, 4, ... do nothing."""
+    calls = {"n": 0}
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        if body["messages"][-1]["role"] != "user":
+            return assistant("done")
+        calls["n"] += 1
+        if calls["n"] % solve_every == 0:
+            return assistant("I will not do anything.")
+        return assistant("", [tool_call("terminal", {"command": f"cd /app && {SOLUTION}"})])
+
+    return answer
+
+
+def model_config(server: ScriptedOpenAIServer) -> ModelConfig:
+    return ModelConfig(model="m", base_url=server.base_url, max_retries=0, backoff_initial_s=0.01)
+
+
+def make_env(
+    generator: ScriptedOpenAIServer, agent: ScriptedOpenAIServer, **config: Any
+) -> EndlessEnv:
+    agent_config = model_config(agent)
+    env_config = EndlessConfig(
+        model=agent_config, generator_model=model_config(generator), **config
+    )
+    return EndlessEnv(env_config, model=ChatClient(agent_config))
+
+
+async def test_only_sound_tasks_are_kept_and_discards_are_counted(tmp_path: Path) -> None:
+    script = [
+        reply(GARBLED),
+        reply(ALREADY_SOLVED),
+        reply(WRONG_SOLUTION),
+        reply(CLIMBING),
+        reply(ABSOLUTE),
+        reply(FAILING_SETUP),
+        reply(GOOD, fenced=True),
+    ]
+    saved = tmp_path / "saved"
+    with ScriptedOpenAIServer(script) as generator, ScriptedOpenAIServer() as agent:
+        env = make_env(generator, agent, save_tasks=str(saved), max_generation_attempts=10)
+        try:
+            await env.setup()
+            task = await env.get_next_item()
+        finally:
+            await env.close()
+        assert generator.remaining == 0 and not agent.requests
+    assert env.stats.tasks_generated == 7 and env.stats.tasks_kept == 1
+    assert env.stats.tasks_discarded == 6
+    assert env.stats.discarded == {
+        "unparseable": 1,
+        "passes_initially": 1,
+        "solution_fails": 1,
+        "invalid": 2,
+        "setup_failed": 1,
+    }
+    assert task.name.startswith("count-the-lines-")
+    # only the sound task is saved, nothing of the discarded ones (no staging left either)
+    assert sorted(p.name for p in saved.iterdir()) == [task.name]
+    env_dir = saved / task.name / "environment"
+    assert (env_dir / "data" / "words.txt").read_text() == "alpha\nbeta\ngamma\n"
+    assert (env_dir / "logs" / "setup.log").read_text() == "started\n"  # the setup ran
+    assert not (tmp_path / "outside.txt").exists()
+
+
+async def test_every_rollout_is_verified_in_its_own_sandbox(tmp_path: Path) -> None:
+    with (
+        ScriptedOpenAIServer([reply(GOOD)]) as generator,
+        ScriptedOpenAIServer(default=agent_model(solve_every=2)) as agent,
+    ):
+        env = make_env(generator, agent, group_size=4, save_tasks=str(tmp_path / "saved"))
+        try:
+            await env.setup()
+            task = await env.get_next_item()
+            group, rollouts = await env.collect_group(task)
+            # the task serves later groups too: it is not deleted after a rollout
+            again, _ = await env.collect_group(task)
+        finally:
+            await env.close()
+        assert len(generator.requests) == 1  # one task generated, eight rollouts served
+    assert group is not None and again is not None
+    assert sorted(group.scores) == [0.0, 0.0, 1.0, 1.0]
+    assert sorted(again.scores) == [0.0, 0.0, 1.0, 1.0]
+    for r in rollouts:
+        assert r.error is None and r.verifier is not None
+        solved = r.agent is not None and r.agent.tool_calls == 1
+        assert r.reward == (1.0 if solved else 0.0)
+
+
+async def test_an_agent_that_tampers_with_the_tests_programs_gets_no_reward(
+    tmp_path: Path,
+) -> None:
+    """The generated task goes through the hostile-agent verifier: replacing a program the
+    checks run is tampering, never a pass."""
+    tamper = "cd /app && echo 3 > count.txt && printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/cat"
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        if body["messages"][-1]["role"] != "user":
+            return assistant("done")
+        return assistant("", [tool_call("terminal", {"command": tamper})])
+
+    with (
+        ScriptedOpenAIServer([reply(GOOD)]) as generator,
+        ScriptedOpenAIServer(default=answer) as agent,
+    ):
+        env = make_env(generator, agent, group_size=1, min_valid_rollouts=1)
+        try:
+            await env.setup()
+            _, rollouts = await env.collect_group(await env.get_next_item())
+        finally:
+            await env.close()
+    (rollout,) = rollouts
+    assert rollout.reward != 1.0
+    if rollout.error is not None:  # /usr/local/bin writable in this sandbox: tampering seen
+        assert rollout.error.kind == "tamper"
+
+
+def clotho(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "clotho", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
+
+
+async def test_saved_tasks_pass_clotho_eval_with_the_oracle(tmp_path: Path) -> None:
+    second = variant(
+        name="sum numbers",
+        instruction="Write the sum of the numbers in /app/n.txt to /app/sum.txt.",
+        files={"n.txt": "1\n2\n3\n4\n"},
+        setup="",
+        tests="grep -qx 10 /app/sum.txt",
+        solution="awk '{s+=$1} END {print s}' n.txt > sum.txt",
+    )
+    saved = tmp_path / "saved"
+    with (
+        ScriptedOpenAIServer([reply(GOOD), reply(second)]) as generator,
+        ScriptedOpenAIServer() as agent,
+    ):
+        env = make_env(generator, agent, save_tasks=str(saved))
+        try:
+            await env.setup()
+            names = {(await env.get_next_item()).name for _ in range(2)}
+        finally:
+            await env.close()
+    assert {p.name for p in saved.iterdir()} == names
+    for agent_name, pass_rate in (("oracle", 1.0), ("nop", 0.0)):
+        out = tmp_path / f"run-{agent_name}"
+        proc = clotho("eval", str(saved), "--agent", agent_name, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        assert {r["task"] for r in rows} == names
+        assert all(r["error"] is None for r in rows), rows
+        assert json.loads((out / "metrics.json").read_text())["pass_rate"] == pass_rate
+
+
+async def test_a_generator_that_never_writes_a_sound_task_ends_with_a_clear_error() -> None:
+    with (
+        ScriptedOpenAIServer(default=reply(WRONG_SOLUTION)) as generator,
+        ScriptedOpenAIServer() as agent,
+    ):
+        env = make_env(generator, agent, max_generation_attempts=2)
+        try:
+            await env.setup()
+            with pytest.raises(
+                TaskError, match=r"no sound task in 2 attempts \(1 solution_fails, 1 duplicate\)"
+            ):
+                await env.get_next_item()
+        finally:
+            await env.close()
+        assert len(generator.requests) == 2
+    assert env.stats.discarded == {"solution_fails": 1, "duplicate": 1}
+
+
+async def test_a_broken_or_unreachable_generator_is_counted_then_a_model_error() -> None:
+    script = [RawBody("{not json"), HTTPError(503)]
+    with (
+        ScriptedOpenAIServer(script, default=HTTPError(500)) as generator,
+        ScriptedOpenAIServer() as agent,
+    ):
+        env = make_env(generator, agent, max_generation_attempts=3)
+        try:
+            await env.setup()
+            with pytest.raises(ModelError, match="3 model_error"):
+                await env.get_next_item()
+        finally:
+            await env.close()
+    assert env.stats.discarded == {"model_error": 3}
+
+
+# -- the generator's reply, read without a sandbox ----------------------------------------
+
+LIMITS = GenerationLimits(max_script_bytes=1000, max_files=3, max_file_bytes=100)
+
+
+@pytest.mark.parametrize(
+    ("files", "problem"),
+    [
+        ({"../x": "a"}, "'..'"),
+        ({"a/../../x": "a"}, "'..'"),
+        ({"/etc/passwd": "a"}, "absolute"),
+        ({"a//b": "a"}, "empty"),
+        ({"./a": "a"}, "'.'"),
+        ({"a\nb": "a"}, "control"),
+        ({"a\\..\\b": "a"}, "backslash"),
+        ({"a": "x", "a/b": "y"}, "both a file and a folder"),
+        ({"A": "x", "a": "y"}, "differ only in case"),
+        ({"big": "x" * 101}, "larger than 100 bytes"),
+        ({f"f{i}": "" for i in range(4)}, "4 files"),
+        ({"a": "x\0y"}, "NUL"),
+    ],
+)
+def test_hostile_file_names_and_sizes_are_rejected(files: dict[str, str], problem: str) -> None:
+    with pytest.raises(Rejected, match=problem) as caught:
+        parse_reply(json.dumps(variant(files=files)), LIMITS)
+    assert caught.value.reason == "invalid"
+
+
+@pytest.mark.parametrize("key", ["setup", "tests", "solution"])
+def test_oversize_scripts_are_rejected(key: str) -> None:
+    with pytest.raises(Rejected, match=f"{key} larger than 1000 bytes"):
+        parse_reply(json.dumps(variant(**{key: "echo " + "x" * 1000})), LIMITS)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "unparseable"),
+        ("no json here", "unparseable"),
+        ("[1, 2, 3]", "unparseable"),
+        ('{"name": "x"}', "invalid"),  # missing instruction, tests, solution
+        (json.dumps(variant(tests="   ")), "invalid"),
+        (json.dumps(variant(files="not a map")), "invalid"),
+        ("x" * 400_001, "invalid"),
+    ],
+)
+def test_garbled_replies_are_rejected_with_a_reason(text: str, reason: str) -> None:
+    with pytest.raises(Rejected) as caught:
+        parse_reply(text, GenerationLimits())
+    assert caught.value.reason == reason
+
+
+def test_replies_in_prose_fences_or_after_thinking_are_read() -> None:
+    body = json.dumps(GOOD)
+    for text in (
+        body,
+        f"<think>{{maybe}}</think>{body}",
+        f"Task:\n```json\n{body}\n```",
+        f"ok {body} bye",
+    ):
+        assert parse_reply(text, GenerationLimits()).instruction == GOOD["instruction"]
+    listed = variant(files=[{"path": "a.txt", "content": "x"}])
+    assert parse_reply(json.dumps(listed), GenerationLimits()).files == {"a.txt": "x"}
+
+
+def test_the_checks_are_inlined_verbatim_whatever_they_contain(tmp_path: Path) -> None:
+    """Quotes, substitutions and even the wrapper's own end marker inside the checks run as
+    the generator wrote them (the here-document is quoted and its marker avoids their lines)."""
+    out = tmp_path / "out"
+    checks = (
+        'printf "%s\\n" "$(printf "%s" "`echo a`")" > "$OUT"\n'
+        'cat <<CLOTHO_FINAL_STATE_CHECKS >> "$OUT"\n$HOME\nCLOTHO_FINAL_STATE_CHECKS\n'
+    )
+    script = verifier_script(checks, 30).replace("/logs/verifier", str(tmp_path))
+    env = {"OUT": str(out), "HOME": "/home/someone", "PATH": os.environ["PATH"]}
+    subprocess.run(["bash", "-c", script], check=True, env=env)
+    assert out.read_text() == "a\n/home/someone\n"
+    assert (tmp_path / "reward.txt").read_text() == "1\n"
+    failing = verifier_script("exit 1", 30).replace("/logs/verifier", str(tmp_path))
+    subprocess.run(["bash", "-c", failing], check=True, env=env)
+    assert (tmp_path / "reward.txt").read_text() == "0\n"
+
+
+def test_endless_is_a_registered_environment() -> None:
+    assert load_environment("endless") is EndlessEnv
