@@ -1,5 +1,13 @@
 """`run_eval`: plan the attempts, schedule their sandboxes, run each through the one rollout
-path, and record every outcome in a run directory as it ends."""
+path, and record every outcome in a run directory as it ends.
+
+An attempt the infrastructure lost (an infra error: its node died, its backend broke) runs
+again within the run, within the retry budget (`schedule.RetryBudget`): its failed try is
+written first (so a crash leaves it for `--resume`), then superseded by the retry's line,
+so results.jsonl keeps one line per attempt and metrics never count the lost try. The retry
+queues behind the attempts already waiting, after a short pause; a new sandbox is opened
+for it, which the ray backend places on a live node only.
+"""
 
 from __future__ import annotations
 
@@ -15,17 +23,22 @@ from clotho.agent.loop import AgentLimits
 from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.chat.client import ModelConfig
 from clotho.chat.models import Model, build_model
+from clotho.errors import ErrorInfo
 from clotho.rollout import RolloutOutcome, run_rollout
 from clotho.runs.metrics import compute_metrics
 from clotho.runs.plan import EvalPlan, plan_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialDetail, TrialRecord
-from clotho.runs.schedule import EnvironmentScheduler
+from clotho.runs.schedule import EnvironmentScheduler, RetryBudget
 from clotho.runs.store import RunStore
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.tasks.base import EvalTask
 from clotho.tools.builtin import default_registry
 
 Listener = Callable[[str, object], None]
+
+# The pause before a retry, doubled for each further one: a backend that hiccuped gets a
+# moment to come back, a lost node's loss a moment to be seen.
+RETRY_DELAY_S = 1.0
 
 
 async def build_agent(config: EvalConfig) -> tuple[Agent, Model | None]:
@@ -48,12 +61,36 @@ class _Recorder:
         self.agent = agent
         self.notify = notify
 
-    async def outcome(self, task: EvalTask, attempt: int, outcome: RolloutOutcome) -> None:
+    def _record(
+        self, task: EvalTask, attempt: int, outcome: RolloutOutcome, lost: list[ErrorInfo]
+    ) -> TrialRecord:
         record = TrialRecord.from_outcome(
             outcome, task=task.name, category=task.category, attempt=attempt, agent=self.agent
         )
+        record.lost_tries = list(lost)
+        return record
+
+    async def outcome(
+        self,
+        task: EvalTask,
+        attempt: int,
+        outcome: RolloutOutcome,
+        lost: list[ErrorInfo] | None = None,
+    ) -> None:
+        record = self._record(task, attempt, outcome, lost or [])
         await self.store.append(record, TrialDetail.of(record, outcome))
         self.notify("trial_end", record)
+
+    async def lost(
+        self, task: EvalTask, attempt: int, outcome: RolloutOutcome, lost: list[ErrorInfo]
+    ) -> None:
+        """A try that runs again: its line stands until the retry's replaces it; its detail
+        file is kept beside the attempt's (`<task>__<attempt>.lost<n>.json`)."""
+        record = self._record(task, attempt, outcome, lost)
+        detail = TrialDetail.of(record, outcome)
+        await self.store.append(record, detail, suffix=f".lost{len(lost) + 1}")
+        self.store.supersede({record.key})
+        self.notify("trial_retry", record)
 
     async def invalid(self, plan: EvalPlan) -> None:
         for record in plan.invalid:
@@ -100,19 +137,21 @@ async def run_eval(
 async def _run_pending(
     config: EvalConfig, plan: EvalPlan, pool: SlotPool, agent: Agent, recorder: _Recorder
 ) -> None:
-    """Every pending attempt, `concurrency` at a time, environments prepared in order of need."""
+    """Every pending attempt, `concurrency` at a time, environments prepared in order of need;
+    an attempt lost to the infrastructure is tried again within the run's retry budget."""
     scheduler = EnvironmentScheduler(pool, config, plan.pending)
     semaphore = asyncio.Semaphore(config.concurrency)
+    budget = RetryBudget.of(config, len(plan.pending))
 
-    async def one(index: int, task: EvalTask, attempt: int) -> None:
+    async def once(index: int, task: EvalTask, attempt: int, retry: bool) -> RolloutOutcome:
         try:
-            prepared = await scheduler.prepared(task)
+            prepared = await scheduler.prepared(task, again=retry)
         except Exception as exc:
-            await recorder.outcome(task, attempt, RolloutOutcome.failed(exc, "environment"))
-            return
+            return RolloutOutcome.failed(exc, "environment")
         async with semaphore:
-            recorder.notify("trial_start", (task.name, attempt))
-            scheduler.prewarm_after(index)
+            if not retry:
+                recorder.notify("trial_start", (task.name, attempt))
+                scheduler.prewarm_after(index)
             spec = task.rollout(
                 agent,
                 prepared,
@@ -120,7 +159,18 @@ async def _run_pending(
                 labels={"clotho.attempt": str(attempt)},
                 pass_threshold=config.pass_threshold,
             )
-            await recorder.outcome(task, attempt, await run_rollout(spec, pool))
+            return await run_rollout(spec, pool)
+
+    async def one(index: int, task: EvalTask, attempt: int) -> None:
+        lost: list[ErrorInfo] = []
+        outcome = await once(index, task, attempt, retry=False)
+        while budget.take(outcome.error, len(lost) + 1):
+            assert outcome.error is not None
+            await recorder.lost(task, attempt, outcome, lost)
+            lost.append(outcome.error)
+            await asyncio.sleep(RETRY_DELAY_S * 2 ** (len(lost) - 1))
+            outcome = await once(index, task, attempt, retry=True)
+        await recorder.outcome(task, attempt, outcome, lost)
 
     async with scheduler, asyncio.TaskGroup() as group:
         for index, (task, attempt) in enumerate(plan.pending):

@@ -40,6 +40,18 @@ class EvalConfig(BaseModel):
     pass_threshold: float = 1.0
     force_build: bool = Field(False, description="rebuild task images even if cached")
     prewarm: bool = Field(True, description="start upcoming trials' sandboxes ahead of time")
+    retries: int = Field(
+        2,
+        ge=0,
+        description="an attempt that failed with an infra error (a lost node, a broken "
+        "sandbox backend) runs again within the run, up to this many times",
+    )
+    retry_budget: int | None = Field(
+        None,
+        ge=0,
+        description="retries in the whole run; None: the larger of twice the concurrency and "
+        "a quarter of the attempts to run (past it, infra failures wait for --resume)",
+    )
     toolsets: list[str] = Field(default_factory=lambda: ["terminal", "file"])
     swe: SweOptions = Field(
         default_factory=SweOptions, description="SWE instance files: repositories, reward, caches"
@@ -65,6 +77,10 @@ class TrialRecord(BaseModel):
     agent: str
     timings: PhaseTimings = Field(default_factory=PhaseTimings)
     detail: str | None = Field(None, description="path of the TrialDetail file, relative to DIR")
+    lost_tries: list[ErrorInfo] = Field(
+        default_factory=list,
+        description="errors of earlier tries of this attempt, retried within the run",
+    )
     finished_at: float = 0.0
 
     @property

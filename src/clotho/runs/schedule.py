@@ -1,11 +1,13 @@
 """Scheduling an evaluation's sandboxes: each task's environment prepared once, in the order
-the attempts need them (image builds run ahead of the trials), and sandboxes started early."""
+the attempts need them (image builds run ahead of the trials), sandboxes started early, and
+the run's budget of retries for attempts the infrastructure lost."""
 
 from __future__ import annotations
 
 import asyncio
 from types import TracebackType
 
+from clotho.errors import ErrorInfo
 from clotho.runs.records import EvalConfig
 from clotho.sandbox import PreparedEnvironment
 from clotho.sandbox.pool import SlotPool
@@ -19,6 +21,7 @@ class EnvironmentScheduler:
         self.pending = pending
         self._futures: dict[str, asyncio.Future[PreparedEnvironment]] = {}
         self._worker: asyncio.Task[None] | None = None
+        self._again: set[asyncio.Task[PreparedEnvironment]] = set()  # preparations retried
 
     async def __aenter__(self) -> EnvironmentScheduler:
         loop = asyncio.get_running_loop()
@@ -36,14 +39,25 @@ class EnvironmentScheduler:
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
+        for again in self._again:
+            again.cancel()
+        await asyncio.gather(*self._again, return_exceptions=True)
         for future in self._futures.values():
             if future.done() and not future.cancelled():
                 future.exception()  # retrieved: no "never retrieved" warnings
             else:
                 future.cancel()
 
-    async def prepared(self, task: EvalTask) -> PreparedEnvironment:
-        return await asyncio.shield(self._futures[task.name])
+    async def prepared(self, task: EvalTask, *, again: bool = False) -> PreparedEnvironment:
+        """The task's environment; `again` (a retry) prepares it anew if preparing it failed
+        (attempts of the same task retried together share the new preparation)."""
+        future = self._futures[task.name]
+        if again and future.done() and (future.cancelled() or future.exception() is not None):
+            renewed = asyncio.ensure_future(self._prepare(task))
+            self._again.add(renewed)
+            renewed.add_done_callback(self._again.discard)
+            self._futures[task.name] = future = renewed
+        return await asyncio.shield(future)
 
     def prewarm_after(self, index: int) -> None:
         """Start the sandbox of the attempt that will run `concurrency` attempts from now."""
@@ -60,12 +74,43 @@ class EnvironmentScheduler:
             if future.done():
                 continue
             try:
-                prepared = await self.pool.prepare(
-                    self.config.sandbox,
-                    task.environment_spec(),
-                    force_build=self.config.force_build,
-                )
+                prepared = await self._prepare(task)
             except Exception as exc:
                 future.set_exception(exc)
             else:
                 future.set_result(prepared)
+
+    async def _prepare(self, task: EvalTask) -> PreparedEnvironment:
+        return await self.pool.prepare(
+            self.config.sandbox, task.environment_spec(), force_build=self.config.force_build
+        )
+
+
+class RetryBudget:
+    """Which failed tries run again within the run: only errors of a retried kind (infra:
+    a lost node, a broken backend; never the agent's, the task's or the verifier's), at most
+    `per_attempt` times each and `total` times in all (a broken cluster is not retried
+    forever: past the budget, failures are recorded for `--resume`)."""
+
+    def __init__(self, per_attempt: int, total: int) -> None:
+        self.per_attempt = per_attempt
+        self.left = total
+        self.used = 0
+
+    @classmethod
+    def of(cls, config: EvalConfig, pending: int) -> RetryBudget:
+        total = config.retry_budget
+        if total is None:
+            # A lost node or a daemon hiccup can fail every attempt in flight at once (twice
+            # is allowed); more than a quarter of the run lost says the infrastructure is down.
+            total = max(2 * config.concurrency, -(-pending // 4))
+        return cls(config.retries, total)
+
+    def take(self, error: ErrorInfo | None, tries: int) -> bool:
+        """Whether the try that ended with `error`, the `tries`-th of its attempt, runs again;
+        a yes spends one retry of the run's budget."""
+        if error is None or not error.retried or tries > self.per_attempt or self.left <= 0:
+            return False
+        self.left -= 1
+        self.used += 1
+        return True

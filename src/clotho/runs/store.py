@@ -58,9 +58,11 @@ class RunStore:
                 continue
         return records
 
-    async def append(self, record: TrialRecord, detail: TrialDetail) -> None:
-        """The trial's detail file, then its line in results.jsonl, flushed to disk."""
-        name = f"{_safe(record.task)}__{record.attempt}.json"
+    async def append(self, record: TrialRecord, detail: TrialDetail, *, suffix: str = "") -> None:
+        """The trial's detail file, then its line in results.jsonl, flushed to disk (replacing
+        the attempt's earlier line when it was superseded). `suffix` names the detail file of
+        a try that is retried, so the retry's own file does not overwrite it."""
+        name = f"{_safe(record.task)}__{record.attempt}{suffix}.json"
         record.detail = f"trials/{name}"
         detail.record = record
         async with self._writing:

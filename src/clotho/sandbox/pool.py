@@ -389,7 +389,11 @@ class SlotPool:
         return True
 
     async def _healthy(self, pooled: _Pooled) -> bool:
-        """Whether an idle sandbox still answers (not asked again within health_interval_s)."""
+        """Whether an idle sandbox still answers (not asked again within health_interval_s).
+        One whose backend knows its host is lost (a dead Ray node) is not, however recent
+        its check: a retry must not be handed a sandbox on the node that lost its try."""
+        if getattr(pooled.sandbox, "host_lost", False):
+            return False
         if time.monotonic() - pooled.checked < self.config.health_interval_s:
             return True
         try:
