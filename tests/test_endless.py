@@ -151,20 +151,20 @@ async def test_every_rollout_is_verified_in_its_own_sandbox(tmp_path: Path) -> N
         assert r.reward == (1.0 if solved else 0.0)
 
 
-async def test_an_agent_that_tampers_with_the_tests_programs_gets_no_reward(
-    tmp_path: Path,
-) -> None:
-    """The generated task goes through the hostile-agent verifier: replacing a program the
-    checks run is tampering, never a pass."""
-    tamper = "cd /app && echo 3 > count.txt && printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/cat"
+async def test_an_agent_that_replaces_a_program_the_checks_name_gets_no_reward() -> None:
+    """The generated checks are inlined in tests/test.sh, so the hostile-agent verifier watches
+    the programs they name: a fake `expr` (no base program, named only by these checks) that
+    would make them pass is tampering, and the tests never run."""
+    task = variant(name="expr", tests='expr "$(cat /app/count.txt)" = 3 > /dev/null')
+    fake = "printf '#!/bin/sh\\nexit 0\\n' > /usr/local/bin/expr; chmod +x /usr/local/bin/expr"
 
     def answer(body: dict[str, Any]) -> dict[str, Any]:
         if body["messages"][-1]["role"] != "user":
             return assistant("done")
-        return assistant("", [tool_call("terminal", {"command": tamper})])
+        return assistant("", [tool_call("terminal", {"command": fake})])
 
     with (
-        ScriptedOpenAIServer([reply(GOOD)]) as generator,
+        ScriptedOpenAIServer([reply(task)]) as generator,
         ScriptedOpenAIServer(default=answer) as agent,
     ):
         env = make_env(generator, agent, group_size=1, min_valid_rollouts=1)
@@ -174,9 +174,8 @@ async def test_an_agent_that_tampers_with_the_tests_programs_gets_no_reward(
         finally:
             await env.close()
     (rollout,) = rollouts
-    assert rollout.reward != 1.0
-    if rollout.error is not None:  # /usr/local/bin writable in this sandbox: tampering seen
-        assert rollout.error.kind == "tamper"
+    assert rollout.reward is None and rollout.error is not None
+    assert rollout.error.kind == "tamper" and "expr" in rollout.error.message
 
 
 def clotho(*args: str) -> subprocess.CompletedProcess[str]:

@@ -116,6 +116,7 @@ class EndlessEnv(Environment[Task]):
         self._prepared: dict[str, PreparedEnvironment] = {}
         self._baselines: WeakKeyDictionary[Sandbox, ProgramDigests] = WeakKeyDictionary()
         self.tasks: list[Task] = []
+        self._seen: set[str] = set()
 
     # -- setup -------------------------------------------------------------------------
 
@@ -194,8 +195,9 @@ class EndlessEnv(Environment[Task]):
         spec = parse_reply(turn.content or turn.reasoning or "", self.config.limits)
         name = f"{slug(spec.name)}-{task_digest(spec)}"
         final = self.folder / name
-        if name in self._prepared or final.exists():
+        if name in self._seen or final.exists():
             raise Rejected("duplicate", f"{name} was generated before")
+        self._seen.add(name)  # kept or not: the same candidate is never checked twice
         staging = self.folder / STAGING / f"{name}-{uuid.uuid4().hex[:8]}" / name
         pool = self._require_pool()
         base = self.config.sandbox
