@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -22,8 +24,28 @@ from clotho.cli.env_options import (
     console,
     run_env_command,
 )
+from clotho.cli.running import user_errors
+from clotho.cli.sft_options import (
+    SftAllOpt,
+    SftDedupOpt,
+    SftErrorsOpt,
+    SftFormatOpt,
+    SftMinRewardOpt,
+    SftOutOpt,
+    SftTokenizerOpt,
+    load_sft_tokenizer,
+    print_sft,
+    sft_from_flags,
+)
 from clotho.env.driver import produce_groups
 from clotho.env.scored import ScoredGroup
+
+if TYPE_CHECKING:
+    from clotho.env.base import Environment
+    from clotho.export.sft import SftOptions
+    from clotho.export.writer import SftExporter
+    from clotho.rollout import RolloutOutcome
+    from clotho.tools.tool import Tool
 
 
 def process_command(
@@ -53,10 +75,33 @@ def process_command(
         int | None, typer.Option(min=1, help="items used, and groups produced at most")
     ] = None,
     wandb: WandbOpt = None,
+    sft_out: SftOutOpt = None,
+    sft_format: SftFormatOpt = "chat",
+    sft_min_reward: SftMinRewardOpt = None,
+    sft_all: SftAllOpt = False,
+    sft_errors: SftErrorsOpt = None,
+    sft_tokenizer: SftTokenizerOpt = None,
+    sft_dedup: SftDedupOpt = True,
 ) -> None:
-    """Produce scored groups without a trainer: JSONL plus a report page (clotho view's export)."""
+    """Produce scored groups without a trainer: JSONL plus a report page (clotho view's export).
+
+    With --sft-out, every rollout (those of dropped groups and, with --sft-errors, errored
+    ones too) is also filtered into SFT data as it ends; the file appears, complete, when the
+    run ends or is interrupted. Its tokens come from --sft-tokenizer, else --tokenizer.
+    """
     from clotho.trainers.jsonl import JsonlSink
     from clotho.view.export import write_groups_report
+
+    with user_errors(console):
+        sft = sft_from_flags(
+            sft_out,
+            format=sft_format,
+            min_reward=sft_min_reward,
+            keep_all=sft_all,
+            errors=sft_errors,
+            tokenizer=sft_tokenizer,
+            dedup=sft_dedup,
+        )
 
     sets = list(set_ or [])
     if sandbox:
@@ -72,6 +117,7 @@ def process_command(
 
     async def main() -> None:
         environment = build_environment(env, config, sets, model, base_url, group_size, tokenizer)
+        exporter = await _sft_exporter(environment, sft_out, sft)
         sink = JsonlSink(out)
         written: list[ScoredGroup] = []
 
@@ -87,6 +133,8 @@ def process_command(
         finally:
             await sink.aclose()
             await environment.close()
+            if exporter is not None and sft_out is not None:
+                print_sft(console, sft_out, exporter.commit())
             write_groups_report(out, out.with_suffix(".html"), environment.stats)
             if wandb:
                 from clotho.runs.tracking import track_groups
@@ -96,6 +144,31 @@ def process_command(
             console.print(f"stats: {environment.stats.model_dump()}")
 
     run_env_command(main())
+
+
+async def _sft_exporter(
+    environment: Environment[Any], path: Path | None, options: SftOptions | None
+) -> SftExporter | None:
+    """An exporter fed by every rollout of `environment` as it ends (conversion in a thread)."""
+    if path is None or options is None:
+        return None
+    from clotho.export.sources import item_name, observe_rollouts, tool_schemas
+    from clotho.export.sources import trajectory_of_outcome as of_outcome
+    from clotho.export.writer import SftExporter
+
+    if options.tokenizer is None and environment.config.tokenizer:
+        options = options.model_copy(update={"tokenizer": environment.config.tokenizer})
+    tok = await asyncio.to_thread(load_sft_tokenizer, options)
+    exporter = SftExporter(path, options, tok)
+
+    async def on_rollout(item: Any, tools: Sequence[Tool], outcome: RolloutOutcome) -> None:
+        trajectory = of_outcome(
+            outcome, tool_schemas(tools), source=f"process:{environment.name}", task=item_name(item)
+        )
+        await asyncio.to_thread(exporter.add, trajectory)
+
+    observe_rollouts(environment, on_rollout)
+    return exporter
 
 
 def evaluate_command(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -14,10 +14,26 @@ from rich.table import Table
 
 from clotho.cli.config_io import apply_sets, load_config_file, merge, resumed
 from clotho.cli.running import run_async, user_errors
+from clotho.cli.sft_options import (
+    SftAllOpt,
+    SftDedupOpt,
+    SftErrorsOpt,
+    SftFormatOpt,
+    SftMinRewardOpt,
+    SftOutOpt,
+    SftTokenizerOpt,
+    load_sft_tokenizer,
+    print_sft,
+    sft_from_flags,
+)
 from clotho.errors import UNSCORED_KINDS, ConfigError
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
 from clotho.runs.tracking import require_wandb, track_run
+
+if TYPE_CHECKING:
+    from clotho.chat.tokenizer import TemplateTokenizer
+    from clotho.export.sft import SftOptions
 
 console = Console(stderr=True)
 
@@ -114,6 +130,18 @@ def print_report(metrics: RunMetrics, out: Path) -> None:
     console.print(f"results in {out}")
 
 
+def _export_sft(
+    run_dir: Path, path: Path, options: SftOptions, tokenizer: TemplateTokenizer | None
+) -> None:
+    """The run's trajectories as SFT data, read back from the run directory."""
+    from clotho.export.sources import trajectories_from_run
+    from clotho.export.writer import export_sft
+
+    with user_errors(console):
+        stats = export_sft(trajectories_from_run(run_dir), path, options, tokenizer)
+    print_sft(console, path, stats)
+
+
 def eval_command(
     paths: Annotated[
         list[Path] | None, typer.Argument(help="task directories or folders of them")
@@ -202,15 +230,34 @@ def eval_command(
         str | None,
         typer.Option("--wandb", help="log the run to this Weights & Biases project (extra wandb)"),
     ] = None,
+    sft_out: SftOutOpt = None,
+    sft_format: SftFormatOpt = "chat",
+    sft_min_reward: SftMinRewardOpt = None,
+    sft_all: SftAllOpt = False,
+    sft_errors: SftErrorsOpt = None,
+    sft_tokenizer: SftTokenizerOpt = None,
+    sft_dedup: SftDedupOpt = True,
 ) -> None:
     """Run an agent on Harbor / Terminal-Bench tasks and report pass rates.
 
     Settings come from --config, then the flags, then --set overrides; the resolved
-    configuration is written to the run directory as config.json.
+    configuration is written to the run directory as config.json. With --sft-out, the
+    trajectories are also written as SFT data once the run ends, from the run directory (so a
+    resumed run's file holds every attempt; `clotho export sft DIR` writes it any time).
     """
     with user_errors(console):
         if wandb:
             require_wandb()
+        sft = sft_from_flags(
+            sft_out,
+            format=sft_format,
+            min_reward=sft_min_reward,
+            keep_all=sft_all,
+            errors=sft_errors,
+            tokenizer=sft_tokenizer,
+            dedup=sft_dedup,
+        )
+        sft_tok = load_sft_tokenizer(sft)
         data = load_config_file(config) if config else {}
         flags: dict[str, Any] = {
             "paths": [str(p) for p in paths] if paths else None,
@@ -270,9 +317,12 @@ def eval_command(
             run_eval(eval_config, out, resume=resume, listener=_Live(progress)),
             console,
             interrupted=f"finished attempts are kept in {out}; "
-            f"continue with: clotho eval --out {out} --resume",
+            f"continue with: clotho eval --out {out} --resume"
+            + (f" (it writes {sft_out} at the end)" if sft_out else ""),
         )
     print_report(metrics, out)
+    if sft_out and sft:
+        _export_sft(out, sft_out, sft, sft_tok)
     if wandb:
         with user_errors(console):
             track_run(out, wandb)
