@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from clotho.errors import TaskError
+from clotho.swe.install_cache import InstallCache, InstallCacheOptions
 from clotho.swe.instance import SweInstance
 
 _OWNER_NAME = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
@@ -97,6 +98,17 @@ class RepoCache:
         self.network = network
         self._locks: dict[str, asyncio.Lock] = {}
         self.fetches = 0  # fetches this cache made (tests and the benchmark read it)
+        self._installs: InstallCache | None = None
+
+    def install_cache(self, options: InstallCacheOptions | None = None) -> InstallCache:
+        """The install cache beside these repositories (`<root>/installs`), one per
+        RepoCache so every trial sharing it shares the install locks; `options` apply when
+        given (the first call makes it)."""
+        if self._installs is None:
+            self._installs = InstallCache(self.root, options)
+        elif options is not None:
+            self._installs.options = options
+        return self._installs
 
     # -- where a repository comes from ----------------------------------------------------
 

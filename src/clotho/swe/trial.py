@@ -10,9 +10,9 @@ from pathlib import Path
 
 from clotho.agent.base import Agent
 from clotho.agent.result import AgentResult
-from clotho.errors import TaskError
 from clotho.rollout import RolloutSpec, VerifierOutcome
 from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox
+from clotho.swe.install_cache import InstallCache, install_key, run_install, sandbox_kind
 from clotho.swe.instance import SweInstance, SweOptions
 from clotho.swe.repos import RepoCache
 from clotho.swe.verify import program_baseline, verify_instance
@@ -52,7 +52,11 @@ class SweTrial:
     """One SWE instance, attempted in a sandbox whose workspace is the repository."""
 
     def __init__(
-        self, instance: SweInstance, options: SweOptions, cache: RepoCache | None = None
+        self,
+        instance: SweInstance,
+        options: SweOptions,
+        cache: RepoCache | None = None,
+        installs: InstallCache | None = None,
     ) -> None:
         self.instance = instance
         self.options = options
@@ -61,6 +65,8 @@ class SweTrial:
             repos_dir=Path(options.repos_dir) if options.repos_dir else None,
             network=options.network_clone,
         )
+        # Shared by every trial of the cache (one lock per install key in this process).
+        self.installs = installs or self.cache.install_cache()
         self._checked: Path | None = None  # the snapshot the record's diffs were checked on
 
     @property
@@ -85,18 +91,29 @@ class SweTrial:
             self._checked = snapshot
         await sandbox.upload(snapshot, self.options.testbed)
         if instance.install_cmd:
-            result = await sandbox.exec(
-                instance.install_cmd,
-                cwd=self.options.testbed,
-                timeout=self.options.install_timeout_s,
-            )
-            if not result.ok:
-                raise TaskError(
-                    f"instance {instance.instance_id}: install_cmd failed (exit code "
-                    f"{result.exit_code}{', timed out' if result.timed_out else ''}): "
-                    f"{(result.stderr or result.stdout).strip()[-500:]}"
-                )
+            await self._install(sandbox, snapshot, instance.install_cmd)
         return snapshot
+
+    async def _install(self, sandbox: Sandbox, snapshot: Path, install_cmd: str) -> None:
+        """Installed once per (repo, commit, install_cmd, sandbox kind) and copied into the
+        other rollouts' sandboxes (`install_cache.py`); a failing install_cmd is a
+        `TaskError`, a broken sandbox a `SandboxError`, never a reward."""
+        what = f"instance {self.instance.instance_id}"
+        testbed, timeout = self.options.testbed, self.options.install_timeout_s
+        if not self.installs.options.enabled:
+            await run_install(sandbox, install_cmd, testbed, timeout, what)
+            return
+        key = install_key(
+            source=snapshot.parent.name,  # the snapshot is <cache>/snapshots/<slug>/<commit>
+            commit=snapshot.name,
+            install_cmd=install_cmd,
+            testbed=testbed,
+            kind=sandbox_kind(sandbox),
+        )
+        await self.installs.ensure(
+            sandbox, key=key, install_cmd=install_cmd, testbed=testbed, timeout_s=timeout,
+            what=what,
+        )  # fmt: skip
 
     def _check_patches(self, snapshot: Path) -> None:
         for field in ("patch", "test_patch"):
