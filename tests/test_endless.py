@@ -59,6 +59,8 @@ GARBLED = "Sure! {name: 'count', tests: oops"
 CLIMBING = variant(name="climb", files={"../outside.txt": "x"})
 ABSOLUTE = variant(name="abs", files={"/etc/cron.d/evil": "x"})
 FAILING_SETUP = variant(name="setup-fails", setup="exit 3")
+# A Dockerfile in environment/ would be built (with network) by a container backend.
+BUILDING_SETUP = variant(name="builds", setup="printf 'FROM x\\nRUN curl evil\\n' > Dockerfile")
 
 
 def agent_model(solve_every: int = 2) -> Any:
@@ -98,6 +100,7 @@ async def test_only_sound_tasks_are_kept_and_discards_are_counted(tmp_path: Path
         reply(CLIMBING),
         reply(ABSOLUTE),
         reply(FAILING_SETUP),
+        reply(BUILDING_SETUP),
         reply(GOOD, fenced=True),
     ]
     saved = tmp_path / "saved"
@@ -109,13 +112,13 @@ async def test_only_sound_tasks_are_kept_and_discards_are_counted(tmp_path: Path
         finally:
             await env.close()
         assert generator.remaining == 0 and not agent.requests
-    assert env.stats.tasks_generated == 7 and env.stats.tasks_kept == 1
-    assert env.stats.tasks_discarded == 6
+    assert env.stats.tasks_generated == 8 and env.stats.tasks_kept == 1
+    assert env.stats.tasks_discarded == 7
     assert env.stats.discarded == {
         "unparseable": 1,
         "passes_initially": 1,
         "solution_fails": 1,
-        "invalid": 2,
+        "invalid": 3,
         "setup_failed": 1,
     }
     assert task.name.startswith("count-the-lines-")
@@ -202,13 +205,16 @@ async def test_saved_tasks_pass_clotho_eval_with_the_oracle(tmp_path: Path) -> N
         ScriptedOpenAIServer([reply(GOOD), reply(second)]) as generator,
         ScriptedOpenAIServer() as agent,
     ):
-        env = make_env(generator, agent, save_tasks=str(saved))
+        env = make_env(generator, agent, save_tasks=str(saved), harbor_base_image="debian:12")
         try:
             await env.setup()
             names = {(await env.get_next_item()).name for _ in range(2)}
         finally:
             await env.close()
     assert {p.name for p in saved.iterdir()} == names
+    for name in names:  # for Docker-based Harbor runners; the local backend only uploads
+        dockerfile = saved / name / "environment" / "Dockerfile"
+        assert dockerfile.read_text() == "FROM debian:12\nWORKDIR /app\nCOPY . /app/\n"
     for agent_name, pass_rate in (("oracle", 1.0), ("nop", 0.0)):
         out = tmp_path / f"run-{agent_name}"
         proc = clotho("eval", str(saved), "--agent", agent_name, "--out", str(out))
@@ -273,6 +279,8 @@ LIMITS = GenerationLimits(max_script_bytes=1000, max_files=3, max_file_bytes=100
         ({"big": "x" * 101}, "larger than 100 bytes"),
         ({f"f{i}": "" for i in range(4)}, "4 files"),
         ({"a": "x\0y"}, "NUL"),
+        ({"Dockerfile": "FROM x"}, "container build file"),
+        ({"compose.yaml": "services: {}"}, "container build file"),
     ],
 )
 def test_hostile_file_names_and_sizes_are_rejected(files: dict[str, str], problem: str) -> None:
@@ -338,3 +346,35 @@ def test_the_checks_are_inlined_verbatim_whatever_they_contain(tmp_path: Path) -
 
 def test_endless_is_a_registered_environment() -> None:
     assert load_environment("endless") is EndlessEnv
+
+
+async def test_saved_tasks_are_an_evaluation_set(tmp_path: Path) -> None:
+    saved = tmp_path / "saved"
+    other = variant(name="other", tests="grep -qx 10 /app/sum.txt", solution="echo 10 > sum.txt")
+    with (
+        ScriptedOpenAIServer([reply(GOOD), reply(other)]) as generator,
+        ScriptedOpenAIServer() as agent,
+    ):
+        env = make_env(generator, agent, save_tasks=str(saved))
+        try:
+            await env.setup()
+            await env.get_next_item()
+            await env.get_next_item()
+            with pytest.raises(NotImplementedError, match="eval_tasks"):
+                await env.evaluate()
+        finally:
+            await env.close()
+    # a later run: the agent always counts lines, which solves one of the two saved tasks
+    with (
+        ScriptedOpenAIServer() as generator,
+        ScriptedOpenAIServer(default=agent_model(solve_every=10**6)) as agent,
+    ):
+        env = make_env(generator, agent, eval_tasks=[str(saved)])
+        try:
+            await env.setup()
+            samples = await env.evaluate()
+        finally:
+            await env.close()
+        assert not generator.requests  # evaluation generates nothing
+    rewards = {s.name.split("-")[0]: s.rollout.reward for s in samples}
+    assert rewards == {"count": 1.0, "other": 0.0}

@@ -36,9 +36,10 @@ from clotho.chat.client import ModelConfig
 from clotho.chat.models import Model, build_model
 from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
+from clotho.env.evaluation import EvalSample
 from clotho.env.scored import GroupStats
 from clotho.envs.endless_build import (
-    BuildLimits,
+    BuildSettings,
     check_soundness,
     discard,
     materialize,
@@ -52,11 +53,11 @@ from clotho.envs.endless_spec import (
     parse_reply,
     slug,
 )
-from clotho.errors import ClothoError, ModelError, TaskError
+from clotho.errors import ClothoError, ConfigError, ModelError, TaskError
 from clotho.rollout import VerifierOutcome
 from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.tasks.environment import environment_spec, upload_workspace
-from clotho.tasks.harbor import Task, load_task
+from clotho.tasks.harbor import Task, discover_tasks, load_task
 from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,15 @@ class EndlessConfig(EnvConfig):
     agent_timeout_s: float = Field(600.0, gt=0, description="task.toml's agent limit")
     max_workspace_bytes: int = Field(16 << 20, ge=1, description="the built workspace, as tar")
     limits: GenerationLimits = Field(default_factory=GenerationLimits)
+    harbor_base_image: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
+        description="write environment/Dockerfile FROM this image into each task (for "
+        "Docker-based Harbor runners; container backends then build it per task)",
+    )
+    eval_tasks: list[str] | None = Field(
+        None, description="Harbor task folders for evaluate(), e.g. an earlier save_tasks"
+    )
 
 
 class EndlessStats(GroupStats):
@@ -113,10 +123,11 @@ class EndlessEnv(Environment[Task]):
         self.generator: Model | None = None
         self._own_generator = False
         self._temporary: Path | None = None
-        self._prepared: dict[str, PreparedEnvironment] = {}
+        self._prepared: dict[Path, PreparedEnvironment] = {}  # by task folder
         self._baselines: WeakKeyDictionary[Sandbox, ProgramDigests] = WeakKeyDictionary()
         self.tasks: list[Task] = []
         self._seen: set[str] = set()
+        self._eval_tasks: list[Task] | None = None
 
     # -- setup -------------------------------------------------------------------------
 
@@ -132,14 +143,15 @@ class EndlessEnv(Environment[Task]):
         self._require_pool()
 
     @property
-    def build_limits(self) -> BuildLimits:
+    def build_settings(self) -> BuildSettings:
         c = self.config
-        return BuildLimits(
+        return BuildSettings(
             setup_timeout_s=c.setup_timeout_s,
             test_timeout_s=c.test_timeout_s,
             solution_timeout_s=c.solution_timeout_s,
             agent_timeout_s=c.agent_timeout_s,
             max_workspace_bytes=c.max_workspace_bytes,
+            base_image=c.harbor_base_image,
         )
 
     async def _require_generator(self) -> Model:
@@ -202,8 +214,8 @@ class EndlessEnv(Environment[Task]):
         pool = self._require_pool()
         base = self.config.sandbox
         try:
-            task = await materialize(spec, staging, base, pool, self.build_limits)
-            soundness = await check_soundness(task, base, pool, self.build_limits)
+            task = await materialize(spec, staging, base, pool, self.build_settings)
+            soundness = await check_soundness(task, base, pool, self.build_settings)
             problem = soundness.problem()
             if problem is not None:
                 raise problem
@@ -216,7 +228,7 @@ class EndlessEnv(Environment[Task]):
         finally:
             await asyncio.to_thread(discard, staging.parent)
         task = await asyncio.to_thread(load_task, final)
-        self._prepared[task.name] = await pool.prepare(base, environment_spec(task))
+        self._prepared[task.path] = await pool.prepare(base, environment_spec(task))
         self.tasks.append(task)
         self.stats.tasks_kept += 1
         log.info("generated task kept: %s", final)
@@ -228,16 +240,45 @@ class EndlessEnv(Environment[Task]):
         return item.instruction
 
     def sandbox_config(self, item: Task) -> SandboxConfig:
-        return self._prepared[item.name].config
+        return self._prepared[item.path].config
 
     async def setup_workspace(self, item: Task, sandbox: Sandbox) -> None:
-        if not self._prepared[item.name].workspace_in_image:
+        if not self._prepared[item.path].workspace_in_image:
             await upload_workspace(item, sandbox)
         self._baselines[sandbox] = await program_digests(item, sandbox)
 
     async def verify(self, item: Task, result: AgentResult, sandbox: Sandbox) -> VerifierOutcome:
         """The task's tests on what this rollout's agent left in its own sandbox."""
         return await run_verifier(item, sandbox, self._baselines.pop(sandbox, None))
+
+    async def evaluate(self) -> list[EvalSample]:
+        """One rollout of each task under `eval_tasks` (say, the tasks an earlier run saved)."""
+        if not self.config.eval_tasks:
+            raise NotImplementedError(
+                "the endless environment evaluates on eval_tasks: set it to folders of Harbor "
+                "tasks (an earlier run's save_tasks)"
+            )
+        if self._eval_tasks is None:
+            paths = [Path(p) for p in self.config.eval_tasks]
+            tasks, errors = await asyncio.to_thread(discover_tasks, paths)
+            if errors:
+                raise ConfigError("; ".join(str(e) for _, e in errors))
+            if not tasks:
+                raise ConfigError(f"no tasks under {self.config.eval_tasks}")
+            pool = self._require_pool()
+            for task in tasks:
+                spec = environment_spec(task)
+                self._prepared[task.path] = await pool.prepare(self.config.sandbox, spec)
+            self._eval_tasks = tasks
+        tools = self.resolve_tools()
+        semaphore = asyncio.Semaphore(self.config.eval_concurrency)
+
+        async def one(task: Task) -> EvalSample:
+            async with semaphore:
+                rollout = await self.rollout(task, tools)
+            return EvalSample(name=task.name, category=task.category, rollout=rollout)
+
+        return list(await asyncio.gather(*(one(t) for t in self._eval_tasks)))
 
     async def close(self) -> None:
         try:

@@ -26,6 +26,7 @@ import binascii
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 import textwrap
@@ -37,6 +38,7 @@ from clotho.envs.endless_spec import GeneratedTask, Rejected
 from clotho.rollout import RolloutOutcome
 from clotho.sandbox import SandboxConfig
 from clotho.sandbox.pool import SlotPool
+from clotho.tasks.environment import BUILD_FILES
 from clotho.tasks.harbor import Task, load_task
 from clotho.tasks.trial import HarborTrial, run_trial
 
@@ -44,12 +46,13 @@ _MARGIN_S = 60.0
 
 
 @dataclass(frozen=True)
-class BuildLimits:
+class BuildSettings:
     setup_timeout_s: float
     test_timeout_s: float
     solution_timeout_s: float
     agent_timeout_s: float
     max_workspace_bytes: int
+    base_image: str | None = None
 
 
 def task_digest(task: GeneratedTask) -> str:
@@ -89,7 +92,7 @@ def _toml_string(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
-def write_task_dir(task: GeneratedTask, folder: Path, limits: BuildLimits) -> None:
+def write_task_dir(task: GeneratedTask, folder: Path, limits: BuildSettings) -> None:
     """Everything of the Harbor directory except environment/ (built in a sandbox)."""
     (folder / "tests").mkdir(parents=True)
     (folder / "solution").mkdir()
@@ -140,7 +143,7 @@ async def build_workspace(
     environment_dir: Path,
     base: SandboxConfig,
     pool: SlotPool,
-    limits: BuildLimits,
+    limits: BuildSettings,
 ) -> None:
     """Write the files into /app, run the setup script, copy /app out to `environment_dir`."""
     sandbox = await pool.acquire(base, labels={"clotho.endless": "build"})
@@ -185,6 +188,9 @@ async def build_workspace(
         if len(data) > cap:
             raise Rejected("workspace_too_large", f"the workspace is over {cap} bytes")
         await asyncio.to_thread(_unpack, data, environment_dir)
+        built = [name for name in BUILD_FILES if os.path.lexists(environment_dir / name)]
+        if built:  # the generator's own Dockerfile would be built by a container backend
+            raise Rejected("invalid", f"the setup left container build files: {built}")
     finally:
         await asyncio.shield(pool.release(sandbox))
 
@@ -220,7 +226,7 @@ class Soundness:
 
 
 async def check_soundness(
-    task: Task, base: SandboxConfig, pool: SlotPool, limits: BuildLimits
+    task: Task, base: SandboxConfig, pool: SlotPool, limits: BuildSettings
 ) -> Soundness:
     """The task's own trial path, twice, each in its own sandbox from the pool: doing nothing
     must fail the tests, the reference solution must pass them."""
@@ -238,12 +244,21 @@ async def materialize(
     staging: Path,
     base: SandboxConfig,
     pool: SlotPool,
-    limits: BuildLimits,
+    limits: BuildSettings,
 ) -> Task:
     """The Harbor directory of `task` at `staging`, its workspace built, loaded back."""
     await asyncio.to_thread(write_task_dir, task, staging, limits)
     await build_workspace(task, staging / "environment", base, pool, limits)
+    if limits.base_image:
+        await asyncio.to_thread(write_dockerfile, staging / "environment", limits.base_image)
     return await asyncio.to_thread(load_task, staging)
+
+
+def write_dockerfile(environment_dir: Path, image: str) -> None:
+    """For Docker-based Harbor runners: the base image with the workspace copied to /app
+    (clotho's own container backends build it too; the local backend only uploads)."""
+    (environment_dir / "Dockerfile").write_text(f"FROM {image}\nWORKDIR /app\nCOPY . /app/\n")
+    (environment_dir / ".dockerignore").write_text("Dockerfile\n.dockerignore\n")
 
 
 def discard(folder: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from clotho.errors import describe_validation_error
+from clotho.tasks.environment import BUILD_FILES
 
 
 class Rejected(Exception):
@@ -89,6 +90,8 @@ def check_relative_path(path: str, max_chars: int) -> str:
         raise ValueError(f"file name {path[:80]!r}: empty, '.' or '..' components")
     if posixpath.normpath(path) != path:
         raise ValueError(f"file name {path[:80]!r}: not a normal path")
+    if path in BUILD_FILES:  # environment/Dockerfile would make a container backend build it
+        raise ValueError(f"file name {path!r}: a container build file, not workspace content")
     return path
 
 
