@@ -30,7 +30,7 @@ import os
 import shutil
 import tarfile
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clotho.agent.reference import NopAgent, OracleAgent
@@ -39,7 +39,7 @@ from clotho.rollout import RolloutOutcome
 from clotho.sandbox import SandboxConfig
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.environment import BUILD_FILES
-from clotho.tasks.harbor import Task, load_task
+from clotho.tasks.harbor import AgentSettings, Task, load_task
 from clotho.tasks.trial import HarborTrial, run_trial
 
 _MARGIN_S = 60.0
@@ -230,7 +230,9 @@ async def check_soundness(
 ) -> Soundness:
     """The task's own trial path, twice, each in its own sandbox from the pool: doing nothing
     must fail the tests, the reference solution must pass them."""
-    trial = HarborTrial(task)
+    # The reference solution gets solution_timeout_s (task.toml's agent limit is the agents').
+    agent = AgentSettings(timeout_sec=limits.solution_timeout_s)
+    trial = HarborTrial(replace(task, config=task.config.model_copy(update={"agent": agent})))
     timeout = limits.solution_timeout_s + limits.test_timeout_s + _MARGIN_S
     initial, solved = await asyncio.gather(
         run_trial(trial, NopAgent(), base, pool, timeout_s=timeout),
