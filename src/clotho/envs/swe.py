@@ -1,7 +1,9 @@
 """SWE instances as an RL environment (`clotho process|serve|evaluate swe`): the problem
 statement is the prompt, the repository at its base commit is the workspace (/testbed), the
 instance's FAIL_TO_PASS and PASS_TO_PASS tests are the reward. Instances come from files
-(`instances`), or are generated on the fly from a repository (`generate`)."""
+(`instances`: .jsonl/.json/.parquet files, `hf:NAME` datasets, `DatasetSource`s whose
+`fields` map differently named columns), or are generated on the fly from a repository
+(`generate`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from weakref import WeakKeyDictionary
 from pydantic import Field
 
 from clotho.agent.result import AgentResult
+from clotho.data import DatasetSource, source_list
 from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
 from clotho.env.evaluation import EvalSample
@@ -28,10 +31,14 @@ from clotho.tasks.verify import ProgramDigests
 
 
 class SweEnvConfig(EnvConfig):
-    instances: list[str] = Field(
-        default_factory=lambda: [str(TOY_INSTANCES)], description="instance files (.jsonl/.json)"
+    instances: list[str | DatasetSource] = Field(
+        default_factory=lambda: [str(TOY_INSTANCES)],
+        description="instance files (.jsonl/.json/.parquet), `hf:NAME?split=test` datasets, "
+        "or dataset sources ({path|hub, split, config, fields, limit, ...})",
     )
-    eval_instances: list[str] | None = Field(None, description="default: the training ones")
+    eval_instances: list[str | DatasetSource] | None = Field(
+        None, description="like `instances`; default: the training ones"
+    )
     generate: str | None = Field(
         None, description="a git repository to generate instances from (instead of files)"
     )
@@ -88,12 +95,24 @@ class SweEnv(Environment[SweInstance]):
                 self._prepared[key] = await pool.prepare(self.config.sandbox, spec)
 
     @staticmethod
-    async def _load(paths: list[str]) -> list[SweInstance]:
+    async def _load(sources: list[str | DatasetSource]) -> list[SweInstance]:
+        """Every instance of every source (read in a worker thread); a bad record stops the
+        setup with its error (and the count of others), since a training set with holes
+        would skew what the trainer sees without anyone noticing."""
         found: list[SweInstance] = []
-        for path in paths:
-            instances, errors = await asyncio.to_thread(load_instances, Path(path))
+        seen: set[str] = set()
+        for source in source_list(sources):
+            instances, errors = await asyncio.to_thread(load_instances, source)
             if errors:
-                raise ConfigError("; ".join(str(e) for _, e in errors[:5]))
+                more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+                raise ConfigError("; ".join(str(e) for _, e in errors[:5]) + more)
+            for instance in instances:
+                if instance.instance_id in seen:
+                    raise ConfigError(
+                        f"{source.label}: instance {instance.instance_id} is also in an "
+                        "earlier source"
+                    )
+                seen.add(instance.instance_id)
             found += instances
         return found
 

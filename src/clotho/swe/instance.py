@@ -1,4 +1,6 @@
-"""SWE-bench / SWE-smith instance records, read from JSONL, JSON or a Hugging Face dataset.
+"""SWE-bench / SWE-smith instance records, read from JSONL, JSON, Parquet or a Hugging Face
+dataset (`clotho.data`: a path, `hf:NAME?split=test`, or a `DatasetSource` with a field
+mapping for differently named columns).
 
 A record that cannot be used (invalid JSON, a missing field, a test list that is neither a
 list nor a JSON string of one) is an error for that record alone, naming the instance and
@@ -8,14 +10,17 @@ the field; the other records of the file still load. Unknown fields are kept.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from clotho.data import DatasetSource, Record, peek, read_records
+from clotho.data.files import parquet_columns
 from clotho.errors import TaskError, describe_validation_error
 
-INSTANCE_SUFFIXES = (".jsonl", ".json")
+INSTANCE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 class SweOptions(BaseModel):
@@ -101,78 +106,53 @@ def parse_record(data: Any, where: str, source: Path | None = None) -> SweInstan
         raise TaskError(f"{where}: expected an object, got {type(data).__name__}")
     name = data.get("instance_id")
     label = f"instance {name}" if isinstance(name, str) and name else "an instance"
+    # A null in a column of a known field (Parquet tables hold the union of columns) is the
+    # field left out: its default, or "Field required".
+    known = {k: v for k, v in data.items() if v is not None or k not in SweInstance.model_fields}
     try:
-        return SweInstance.model_validate({**data, "source": source})
+        return SweInstance.model_validate({**known, "source": source})
     except ValidationError as exc:
         raise TaskError(f"{where}: {label}: {describe_validation_error(exc)}") from exc
 
 
-def _records(path: Path) -> list[tuple[str, Any]]:
-    """(where, record) pairs; an unreadable line is an error record of its own."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix == ".jsonl":
-        found: list[tuple[str, Any]] = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                found.append((f"{path}:{number}", json.loads(line)))
-            except ValueError as exc:
-                found.append(
-                    (f"{path}:{number}", TaskError(f"{path}:{number}: invalid JSON: {exc}"))
-                )
-        return found
-    data = json.loads(text)
-    if isinstance(data, dict) and isinstance(data.get("instances"), list):
-        data = data["instances"]
-    items = data if isinstance(data, list) else [data]
-    return [(f"{path}[{i}]", item) for i, item in enumerate(items)]
-
-
 def is_instance_file(path: Path) -> bool:
-    """A .jsonl/.json file whose first record has `instance_id` and `base_commit`."""
-    if path.suffix not in INSTANCE_SUFFIXES or not path.is_file():
+    """A .jsonl/.json file whose first readable record has `instance_id` and `base_commit`,
+    or a .parquet file with those columns (read from its footer alone). Reading a .parquet
+    file without pyarrow raises the `ConfigError` that names the extra."""
+    if path.suffix.lower() not in INSTANCE_SUFFIXES or not path.is_file():
         return False
-    try:
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            if path.suffix == ".jsonl":
-                for line in handle:
-                    if line.strip():
-                        first = json.loads(line)
-                        break
-                else:
-                    return False
-            else:
-                data = json.loads(handle.read())
-                if isinstance(data, dict) and isinstance(data.get("instances"), list):
-                    data = data["instances"]
-                first = data[0] if isinstance(data, list) and data else data
-    except (OSError, ValueError):
-        return False
+    if path.suffix.lower() == ".parquet":
+        try:
+            columns = set(parquet_columns(path, str(path)))
+        except TaskError:
+            return False  # not readable: discovery reports it as a rows file
+        return {"instance_id", "base_commit"} <= columns
+    first = peek(DatasetSource(path=str(path)))
     return isinstance(first, dict) and "instance_id" in first and "base_commit" in first
 
 
-def load_instances(path: Path) -> tuple[list[SweInstance], list[tuple[str, TaskError]]]:
-    """The file's instances and, per bad record, (instance id or place, error)."""
+def instances_from_records(
+    records: Iterable[Record], base: Path | None = None
+) -> tuple[list[SweInstance], list[tuple[str, TaskError]]]:
+    """The instances among `records` and, per bad record, (instance id or place, error).
+    `base` is the folder relative repository paths are taken from."""
     instances: list[SweInstance] = []
     errors: list[tuple[str, TaskError]] = []
-    try:
-        records = _records(path)
-    except (OSError, ValueError) as exc:
-        return [], [(path.name, TaskError(f"{path}: cannot read instances: {exc}"))]
     seen: set[str] = set()
-    for where, data in records:
+    for record in records:
+        data = record.data
         name = data.get("instance_id") if isinstance(data, dict) else None
-        key = name if isinstance(name, str) and name else where.rsplit("/", 1)[-1]
-        if isinstance(data, TaskError):
-            errors.append((key, data))
+        key = name if isinstance(name, str) and name else record.where.rsplit("/", 1)[-1]
+        if record.error is not None:
+            errors.append((key, record.error))
             continue
         try:
-            instance = parse_record(data, where, path.resolve().parent)
+            instance = parse_record(data, record.where, base)
         except TaskError as exc:
             errors.append((key, exc))
             continue
         if instance.instance_id in seen:
+            where = record.where
             errors.append((key, TaskError(f"{where}: instance {key}: instance_id repeats")))
             continue
         seen.add(instance.instance_id)
@@ -180,11 +160,13 @@ def load_instances(path: Path) -> tuple[list[SweInstance], list[tuple[str, TaskE
     return instances, errors
 
 
-def load_hf_dataset(name: str, split: str = "test") -> list[SweInstance]:
-    """A Hugging Face dataset of instances (needs `datasets` and a reachable Hub)."""
-    try:
-        import datasets  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise TaskError(f"{name}: reading a Hub dataset needs `pip install datasets`") from exc
-    rows = datasets.load_dataset(name, split=split)
-    return [parse_record(dict(row), f"{name}[{i}]") for i, row in enumerate(rows)]
+def load_instances(
+    source: Path | str | DatasetSource,
+) -> tuple[list[SweInstance], list[tuple[str, TaskError]]]:
+    """The instances of a file (.jsonl/.json/.parquet), a `hf:NAME` dataset or any
+    `DatasetSource` (its `fields` map differently named columns), and, per bad record,
+    (instance id or place, error). Blocking: async callers use `asyncio.to_thread`.
+    A missing extra or an unreachable Hub raises `ConfigError`."""
+    source = DatasetSource.parse(str(source) if isinstance(source, Path) else source)
+    base = Path(source.path).resolve().parent if source.path is not None else None
+    return instances_from_records(read_records(source), base)

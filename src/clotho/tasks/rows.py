@@ -2,8 +2,9 @@
 
 Rows as published on dataset hubs carry `task_name`, `category`, `instruction`,
 `docker_image`, `environment_tar` and `tests_tar` (base64 tar.gz archives) and `test_sh`.
-A `.jsonl` or `.json` file of such rows is unpacked once into a cache folder (keyed by a
-hash of the row), and from there on the rows are ordinary Harbor task directories.
+A `.jsonl`, `.json` or `.parquet` file of such rows, or a Hugging Face dataset of them
+(`hf:NAME`, read by `clotho.data`), is unpacked once into a cache folder (keyed by a hash of
+the row), and from there on the rows are ordinary Harbor task directories.
 
 A row that cannot be used (invalid JSON or UTF-8, invalid base64, a tar member that would
 land outside its folder, a link pointing out, an archive bigger than the caps below) is an
@@ -24,15 +25,15 @@ import tarfile
 import tempfile
 import tomllib
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ValidationError, field_validator
 
+from clotho.data import DatasetSource, Record, read_records
 from clotho.errors import TaskError, describe_validation_error
 
-ROW_SUFFIXES = (".jsonl", ".json")
+ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 # Caps on what one archive of a row may unpack to (the sizes its tar headers declare,
 # checked before anything is written).
@@ -63,35 +64,6 @@ class TB2Row(BaseModel):
             except UnicodeEncodeError as exc:
                 raise ValueError(f"a lone surrogate at {exc.start} has no UTF-8 form") from None
         return value
-
-
-def _rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """(number, parsed row or the `TaskError` of that row); numbers are lines of a .jsonl
-    file and 1-based positions in a .json list. A file that cannot be read raises."""
-    if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_bytes().decode("utf-8-sig"))
-        except UnicodeDecodeError as exc:
-            raise TaskError(f"{path}: not UTF-8 text (invalid byte at offset {exc.start})") from exc
-        except (ValueError, RecursionError) as exc:
-            raise TaskError(f"{path}: not valid JSON: {str(exc)[:200]}") from exc
-        if not isinstance(data, list):
-            raise TaskError(f"{path}: expected a JSON list of rows")
-        yield from enumerate(data, start=1)
-        return
-    with path.open("rb") as file:  # line by line: a rows file may be large
-        for number, raw in enumerate(file, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as exc:
-                yield number, TaskError(f"{path}:{number}: not UTF-8 text (byte {exc.start})")
-                continue
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except (ValueError, RecursionError) as exc:
-                yield number, TaskError(f"{path}:{number}: not valid JSON: {str(exc)[:200]}")
 
 
 def _extract(b64: str, target: Path, where: str) -> None:
@@ -187,29 +159,37 @@ def materialize(row: TB2Row, root: Path, where: str) -> Path:
     return task_dir
 
 
-def load_rows(path: Path, cache: Path) -> tuple[list[Path], list[tuple[Path, TaskError]]]:
-    """Task directories for the rows of `path`, and the rows that could not be used."""
+def rows_from_records(
+    records: Iterable[Record], cache: Path, stem: str, label: str
+) -> tuple[list[Path], list[tuple[Path, TaskError]]]:
+    """Task directories for the rows among `records`, and the rows that could not be used
+    (named `{stem}-row{number}`; a source that could not be read at all is named `label`)."""
     dirs: list[Path] = []
     errors: list[tuple[Path, TaskError]] = []
-    try:
-        for number, data in _rows(path):
-            where = f"{path}:{number}"
-            name = Path(f"{path.stem}-row{number}")
-            if isinstance(data, TaskError):
-                errors.append((name, data))
-                continue
-            try:
-                row = TB2Row.model_validate(data)
-                dirs.append(materialize(row, cache, where))
-            except ValidationError as exc:
-                errors.append((name, TaskError(f"{where}: {describe_validation_error(exc)}")))
-            except TaskError as exc:
-                errors.append((name, exc))
-            except (OSError, ValueError) as exc:
-                # A full or read-only cache, a name the file system refuses.
-                errors.append((name, TaskError(f"{where}: cannot be unpacked: {exc}")))
-    except TaskError as exc:
-        errors.append((path, exc))
-    except OSError as exc:
-        errors.append((path, TaskError(f"{path}: cannot be read: {exc.strerror or exc}")))
+    for record in records:
+        where = record.where
+        name = Path(f"{stem}-row{record.number}")
+        if record.error is not None:
+            errors.append((Path(label) if record.whole_source else name, record.error))
+            continue
+        try:
+            row = TB2Row.model_validate(record.data)
+            dirs.append(materialize(row, cache, where))
+        except ValidationError as exc:
+            errors.append((name, TaskError(f"{where}: {describe_validation_error(exc)}")))
+        except TaskError as exc:
+            errors.append((name, exc))
+        except (OSError, ValueError) as exc:
+            # A full or read-only cache, a name the file system refuses.
+            errors.append((name, TaskError(f"{where}: cannot be unpacked: {exc}")))
     return dirs, errors
+
+
+def load_rows(
+    source: Path | str | DatasetSource, cache: Path
+) -> tuple[list[Path], list[tuple[Path, TaskError]]]:
+    """Task directories for the rows of a .jsonl/.json/.parquet file, a `hf:NAME` dataset or
+    any `DatasetSource` (its `fields` map differently named columns), and the rows that could
+    not be used. Blocking. A missing extra or an unreachable Hub raises `ConfigError`."""
+    source = DatasetSource.parse(str(source) if isinstance(source, Path) else source)
+    return rows_from_records(read_records(source), cache, source.stem, source.label)
