@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from tests.conftest import requires_bwrap
+from tests.docker_probe import requires_docker
 from tests.scripted_openai import HTTPError, RawBody, ScriptedOpenAIServer, assistant, tool_call
 
 from clotho.chat.client import ChatClient, ModelConfig
@@ -25,6 +26,7 @@ from clotho.envs.endless import EndlessConfig, EndlessEnv
 from clotho.envs.endless_build import verifier_script
 from clotho.envs.endless_spec import GenerationLimits, Rejected, parse_reply
 from clotho.errors import ModelError, TaskError
+from clotho.sandbox.config import DockerSandboxConfig
 
 pytestmark = requires_bwrap
 
@@ -152,6 +154,26 @@ async def test_every_rollout_is_verified_in_its_own_sandbox(tmp_path: Path) -> N
         assert r.error is None and r.verifier is not None
         solved = r.agent is not None and r.agent.tool_calls == 1
         assert r.reward == (1.0 if solved else 0.0)
+
+
+@requires_docker
+async def test_docker_checks_and_verifies_in_the_rollouts_own_containers(tmp_path: Path) -> None:
+    """The same pool and backend as the rollouts: with Docker, the workspace is built, the
+    soundness checks run and each rollout is verified in containers."""
+    with (
+        ScriptedOpenAIServer([reply(WRONG_SOLUTION), reply(GOOD)]) as generator,
+        ScriptedOpenAIServer(default=agent_model(solve_every=2)) as agent,
+    ):
+        env = make_env(generator, agent, group_size=2, sandbox=DockerSandboxConfig())
+        try:
+            await env.setup()
+            task = await env.get_next_item()
+            group, rollouts = await env.collect_group(task)
+        finally:
+            await env.close()
+    assert env.stats.discarded == {"solution_fails": 1} and env.stats.tasks_kept == 1
+    assert group is not None and sorted(group.scores) == [0.0, 1.0]
+    assert all(r.error is None for r in rollouts)
 
 
 async def test_an_agent_that_replaces_a_program_the_checks_name_gets_no_reward() -> None:

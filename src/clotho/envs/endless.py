@@ -56,9 +56,11 @@ from clotho.envs.endless_spec import (
 from clotho.errors import ClothoError, ConfigError, ModelError, TaskError
 from clotho.rollout import VerifierOutcome
 from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
+from clotho.sandbox.pool import SlotPool
 from clotho.tasks.environment import environment_spec, upload_workspace
 from clotho.tasks.harbor import Task, discover_tasks, load_task
 from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
+from clotho.tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +119,15 @@ class EndlessEnv(Environment[Task]):
     config: EndlessConfig
     stats: EndlessStats
 
-    def __init__(self, config: EnvConfig, **kwargs: object) -> None:
-        super().__init__(config, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        config: EnvConfig,
+        *,
+        model: Model | None = None,
+        registry: ToolRegistry | None = None,
+        pool: SlotPool | None = None,
+    ) -> None:
+        super().__init__(config, model=model, registry=registry, pool=pool)
         self.stats = EndlessStats()
         self.generator: Model | None = None
         self._own_generator = False
