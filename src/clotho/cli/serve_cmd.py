@@ -1,10 +1,15 @@
-"""`clotho serve`: an environment producing groups for a trainer behind the trajectory API."""
+"""`clotho serve`: an environment producing groups for a trainer behind the trajectory API,
+until the trainer reaches `total_steps`, evaluating every `steps_per_eval` steps, resumable
+from its state folder (see `clotho.env.lifecycle`)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from clotho.cli.env_options import (
     BaseUrlOpt,
@@ -19,8 +24,49 @@ from clotho.cli.env_options import (
     console,
     run_env_command,
 )
-from clotho.env.driver import produce_groups
 from clotho.errors import ConfigError
+
+if TYPE_CHECKING:
+    from clotho.env.checkpoint import EvaluationRecord
+    from clotho.env.evaluation import EvalSample
+
+
+def evaluation_metrics(samples: list[EvalSample], agent: str) -> dict[str, Any]:
+    """The metrics `clotho eval` computes, over one evaluation's samples."""
+    from clotho.runs.metrics import compute_metrics
+    from clotho.runs.records import TrialRecord
+
+    records = [
+        TrialRecord.from_outcome(
+            s.rollout, task=s.name, category=s.category, attempt=s.attempt, agent=agent
+        )
+        for s in samples
+    ]
+    metrics = compute_metrics(records)
+    return {
+        "pass_rate": metrics.pass_rate,
+        "mean_reward": metrics.mean_reward,
+        "n_tasks": metrics.n_tasks,
+        "n_scored": metrics.n_scored,
+        "n_passed": metrics.n_passed,
+        "errors": dict(metrics.errors),
+        "by_category": {k: c.pass_rate for k, c in metrics.by_category.items()},
+    }
+
+
+def eval_line(record: EvaluationRecord) -> str:
+    if record.error:
+        return f"[red]evaluation at step {record.step} failed:[/] {escape(record.error)}"
+    m = record.metrics
+    rate = f"{m['pass_rate']:.1%}" if m.get("pass_rate") is not None else "-"
+    reward = f"{m['mean_reward']:.3f}" if m.get("mean_reward") is not None else "-"
+    errors = ", ".join(f"{k} {v}" for k, v in sorted((m.get("errors") or {}).items()))
+    skipped = f" (skipped {record.skipped})" if record.skipped else ""
+    return (
+        f"[bold]eval @ step {record.step}[/]{skipped}: pass rate {rate} "
+        f"({m.get('n_passed')}/{m.get('n_scored')}), mean reward {reward}, "
+        f"{record.duration_s:.1f} s" + (f", errors: {errors}" if errors else "")
+    )
 
 
 def serve_command(
@@ -28,7 +74,30 @@ def serve_command(
     api_url: Annotated[
         str, typer.Option(help="trajectory API (clotho api or Atropos run-api)")
     ] = "http://localhost:8000",
-    concurrency: Annotated[int, typer.Option(min=1, help="groups in flight at once")] = 2,
+    max_num_workers: Annotated[
+        int | None,
+        typer.Option(
+            "--max-num-workers",
+            "--concurrency",
+            min=1,
+            help="groups in flight at once, each of group-size rollouts (config max_num_workers)",
+        ),
+    ] = None,
+    total_steps: Annotated[
+        int | None,
+        typer.Option(min=1, help="stop once the trainer reaches this step (default: never)"),
+    ] = None,
+    steps_per_eval: Annotated[
+        int | None,
+        typer.Option(min=0, help="run the environment's evaluation every N trainer steps"),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="where the item cursor and evaluations are kept; give the same folder to "
+            "resume (default: a new runs/serve-<env>-<time>)"
+        ),
+    ] = None,
     weight: Annotated[float, typer.Option(help="this environment's share of batches")] = 1.0,
     max_token_length: Annotated[int, typer.Option(help="reported to the trainer")] = 32768,
     api_token: Annotated[
@@ -47,12 +116,24 @@ def serve_command(
     tokenizer: TokenizerOpt = None,
     wandb: WandbOpt = None,
 ) -> None:
-    """Produce groups continuously for a trainer through the trajectory API."""
+    """Produce groups for a trainer through the trajectory API, until it reaches total-steps."""
+    from clotho.env.checkpoint import StateDir
+    from clotho.env.lifecycle import ServeLifecycle
     from clotho.trainers.client import ApiClientConfig, AtroposClient
     from clotho.trainers.protocol import RegisterEnv
 
+    sets = list(set_ or [])
+    for key, value in (
+        ("max_num_workers", max_num_workers),
+        ("total_steps", total_steps),
+        ("steps_per_eval", steps_per_eval),
+    ):
+        if value is not None:
+            sets.append(f"{key}={value}")
+    folder = state_dir or Path("runs") / f"serve-{Path(env).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
     async def main() -> None:
-        environment = build_environment(env, config, set_, model, base_url, group_size, tokenizer)
+        environment = build_environment(env, config, sets, model, base_url, group_size, tokenizer)
         tracker = None
         if wandb:
             from clotho.runs.tracking import GroupTracker
@@ -60,11 +141,35 @@ def serve_command(
             settings = environment.config.model_dump(mode="json")
             tracker = GroupTracker(wandb, name=f"serve-{env}", config=settings, job_type="serve")
         client = AtroposClient(ApiClientConfig(url=api_url, token=api_token))
+        store = StateDir(folder)
+
+        async def shown(record: EvaluationRecord) -> None:
+            console.print(eval_line(record))
+            if tracker is not None:
+                values = {f"eval/{k}": v for k, v in record.metrics.items() if k != "errors"}
+                values.pop("eval/by_category", None)
+                errors = record.metrics.get("errors") or {}
+                errors = {f"eval/errors/{k}": v for k, v in errors.items()}
+                values |= {"eval/trainer_step": record.step, **errors}
+                tracker.tracker.log(
+                    {k: v for k, v in values.items() if v is not None}, tracker.step
+                )
+
         try:
             reason = environment.untrainable()
             if reason is not None:  # before registering: a trainer never sees this environment
                 raise ConfigError(reason)
+            store.open()
+            lifecycle = ServeLifecycle(
+                environment,
+                client,
+                store,
+                metrics=lambda samples: evaluation_metrics(samples, f"env:{env}"),
+                on_group=tracker.log_group if tracker else None,
+                on_eval=shown,
+            )
             await environment.setup()
+            resumed = lifecycle.restore()
             registered = await client.register_env(
                 RegisterEnv(
                     max_token_length=environment.config.max_token_length or max_token_length,
@@ -73,18 +178,31 @@ def serve_command(
                     group_size=environment.config.group_size,
                 )
             )
-            console.print(f"registered as env {registered.env_id}; producing groups (Ctrl-C stops)")
-            await produce_groups(
-                environment,
-                client,
-                concurrency=concurrency,
-                on_group=tracker.log_group if tracker else None,
+            cfg = environment.config
+            until = f"until trainer step {cfg.total_steps}" if cfg.total_steps else "(Ctrl-C stops)"
+            console.print(
+                f"registered as env {registered.env_id}; producing groups {until}, "
+                f"{cfg.max_num_workers} in flight; state in {folder}"
+                + (
+                    f" (resumed: {lifecycle.resumed_items} unfinished items first)"
+                    if resumed
+                    else ""
+                )
             )
+            summary = await lifecycle.run()
         finally:
+            store.close()
             if tracker:
                 tracker.finish(environment.stats)
             await client.aclose()
             await environment.close()
             console.print(f"stats: {environment.stats.model_dump()}")
+        ended = "reached total_steps" if summary.reached_total else "stopped"
+        console.print(
+            f"[green]{ended}[/] at trainer step {summary.trainer_step}: "
+            f"{summary.groups_sent} groups sent, {summary.groups_dropped} dropped (all runs of "
+            f"this state), {len(summary.evaluations)} evaluations, {summary.unfinished} items "
+            f"left for a resume; state in {folder}"
+        )
 
     run_env_command(main())

@@ -25,9 +25,11 @@ from clotho.chat.models import Model, build_model
 from clotho.chat.token_model import TokenModel
 from clotho.chat.tokenizer import TemplateTokenizer
 from clotho.chat.tokens import NOT_SAMPLED
+from clotho.env.checkpoint import rng_state, set_rng_state
 from clotho.env.config import EnvConfig
 from clotho.env.context import ToolContext
 from clotho.env.scored import GroupStats, ScoredGroup
+from clotho.errors import ConfigError
 from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_rollout
 from clotho.sandbox import Sandbox, SandboxConfig
 from clotho.sandbox.pool import SlotPool
@@ -60,6 +62,7 @@ class Environment(abc.ABC, Generic[Item]):
         self.registry = registry or default_registry()
         self.pool = pool
         self.rng = random.Random(config.seed)
+        self.item_cursor = 0  # how many items were taken, for environments that index by it
         self.stats = GroupStats()
         self._tokenizer: Any = None
         self._loading = asyncio.Lock()  # concurrent first rollouts load the model once
@@ -105,6 +108,24 @@ class Environment(abc.ABC, Generic[Item]):
     async def evaluate(self) -> list[EvalSample]:
         """One sample per item of the environment's evaluation set."""
         raise NotImplementedError(f"{type(self).__name__} has no evaluation set")
+
+    # -- resuming (clotho serve --state-dir) --------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What `get_next_item` reads and changes, as JSON: after `load_state_dict` of it (on
+        an environment that ran `setup()`), the next `get_next_item` returns exactly the item
+        it would have returned when the state was taken. Default: the RNG and `item_cursor`,
+        enough for an environment that picks items by `item_cursor` and `rng` alone; one that
+        keeps its position elsewhere adds it (and calls super)."""
+        return {"rng": rng_state(self.rng), "item_cursor": self.item_cursor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`; a state that does not fit is a ConfigError."""
+        set_rng_state(self.rng, state.get("rng"))
+        cursor = state.get("item_cursor", 0)
+        if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 0:
+            raise ConfigError(f"item_cursor in the serve state is {cursor!r}, not a count")
+        self.item_cursor = cursor
 
     # -- machinery ---------------------------------------------------------------------
 

@@ -43,3 +43,16 @@ class EnvConfig(BaseModel):
     overlong: Literal["drop", "truncate"] = "drop"
     seed: int = 0
     eval_concurrency: int = Field(4, ge=1)
+    # The serve lifecycle (Atropos' names).
+    max_num_workers: int = Field(
+        2,
+        ge=1,
+        description="groups in flight at once (each runs group_size rollouts); "
+        "clotho serve --max-num-workers / --concurrency",
+    )
+    total_steps: int | None = Field(
+        None, ge=1, description="serve stops once the trainer reaches this step; None: never"
+    )
+    steps_per_eval: int | None = Field(
+        None, ge=0, description="serve runs evaluate() every this many trainer steps; 0/None: never"
+    )

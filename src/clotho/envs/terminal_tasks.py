@@ -4,8 +4,10 @@ default): the instruction is the prompt, the task's own tests are the reward."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import random
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 from weakref import WeakKeyDictionary
 
 from pydantic import Field
@@ -41,6 +43,9 @@ class TerminalTasksEnv(Environment[Task]):
             await self._load(self.config.eval_tasks) if self.config.eval_tasks else self.tasks
         )
         self._order: list[Task] = []
+        self._epoch = 0  # passes through the tasks begun
+        names = "\n".join(t.name for t in self.tasks).encode()
+        self._tasks_digest = hashlib.sha256(names).hexdigest()[:16]
         # Each task's sandbox (its image built once per content, its limits) before the first
         # rollout needs it; the backend decides what that takes.
         pool = self._require_pool()
@@ -61,12 +66,43 @@ class TerminalTasksEnv(Environment[Task]):
             raise ConfigError(f"no tasks under {paths}")
         return tasks
 
+    def _epoch_order(self, epoch: int) -> list[Task]:
+        """The tasks of one pass, shuffled by (seed, epoch) alone: the order never depends on
+        what else drew from `rng`, and a resume rebuilds it from two numbers."""
+        order = list(self.tasks)
+        if self.config.shuffle:
+            random.Random(f"{self.config.seed}/{epoch}").shuffle(order)
+        return order
+
     async def get_next_item(self) -> Task:
         if not self._order:
-            self._order = list(self.tasks)
-            if self.config.shuffle:
-                self.rng.shuffle(self._order)
+            self._epoch += 1
+            self._order = self._epoch_order(self._epoch)
         return self._order.pop()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pass and how many of its tasks are left (popped from the end)."""
+        return {
+            **super().state_dict(),
+            "tasks": self._tasks_digest,
+            "epoch": self._epoch,
+            "left": len(self._order),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("tasks") != self._tasks_digest:
+            raise ConfigError(
+                "the serve state was saved for another task set (names or order differ): "
+                "resuming it would repeat or skip tasks; use a new --state-dir"
+            )
+        epoch, left = state.get("epoch"), state.get("left")
+        if not isinstance(epoch, int) or not isinstance(left, int) or epoch < 0 or left < 0:
+            raise ConfigError(f"epoch/left in the serve state are {epoch!r}/{left!r}")
+        if left > len(self.tasks) or (epoch == 0 and left):
+            raise ConfigError(f"the serve state has {left} tasks left of {len(self.tasks)}")
+        self._epoch = epoch
+        self._order = self._epoch_order(epoch)[:left] if epoch else []
 
     def format_prompt(self, item: Task) -> str:
         return item.instruction
