@@ -18,13 +18,11 @@ from tests.docker_probe import requires_docker
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
 
-from clotho.agent.base import AgentContext  # noqa: E402
-from clotho.agent.result import AgentResult  # noqa: E402
-from clotho.rollout.outcome import VerifierOutcome  # noqa: E402
-from clotho.rollout.run import RolloutSpec, run_rollout  # noqa: E402
+from clotho.runs.eval import run_eval  # noqa: E402
+from clotho.runs.records import EvalConfig, TrialRecord  # noqa: E402
 from clotho.sandbox import PoolConfig, SlotPool  # noqa: E402
 from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig  # noqa: E402
-from clotho.sandbox.ray import HostLost, RayBackend, RaySandbox  # noqa: E402
+from clotho.sandbox.ray import RayBackend, RaySandbox  # noqa: E402
 from clotho.sandbox.ray.local_cluster import LocalRayCluster  # noqa: E402
 from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
 
@@ -108,94 +106,105 @@ async def test_sandboxes_spread_over_nodes_and_do_everything_a_sandbox_does(
         assert left == []
 
 
-class SleepyAgent:
-    """Runs one long command, so a node can die under it."""
+def _slow_task(root: Path, name: str) -> None:
+    """A task whose solution says it started, then takes 8 s: long enough to kill a node
+    under it."""
+    task = root / name
+    for sub in ("tests", "solution", "environment"):
+        (task / sub).mkdir(parents=True)
+    (task / "task.toml").write_text(
+        'version = "1.0"\n[metadata]\ncategory = "ray"\n'
+        "[verifier]\ntimeout_sec = 30.0\n[agent]\ntimeout_sec = 60.0\n"
+    )
+    (task / "instruction.md").write_text("Write ok into /app/done.txt.")
+    (task / "solution" / "solve.sh").write_text(
+        f"echo {name} > /app/started\nsleep 8\necho ok > /app/done.txt\n"
+    )
+    (task / "tests" / "test.sh").write_text(
+        "mkdir -p /logs/verifier\n"
+        'if [ "$(cat /app/done.txt)" = ok ]; then echo 1; else echo 0; fi'
+        " > /logs/verifier/reward.txt\n"
+    )
 
-    name = "sleepy"
 
-    def __init__(self, started: asyncio.Event, seconds: float = 10) -> None:
-        self.started = started
-        self.seconds = seconds
-
-    async def run(self, ctx: AgentContext) -> AgentResult:
-        await ctx.sandbox.exec("touch /app/started")
-        self.started.set()
-        await ctx.sandbox.exec(f"sleep {self.seconds}; echo done > /app/out")
-        return AgentResult(messages=[], stop_reason="finished")
-
-
-async def _verify(sandbox: object, result: AgentResult) -> VerifierOutcome:
-    data = await sandbox.read_file("/app/out")  # type: ignore[attr-defined]
-    return VerifierOutcome(reward=1.0 if data == b"done\n" else 0.0)
+def _started(state: Path) -> dict[str, str]:
+    """Sandboxes whose solution has started: their task, by the Ray node they run on."""
+    found = {}
+    for folder in state.iterdir():
+        marker = folder / "app" / "started"
+        lease = folder / "lease.json"
+        if marker.is_file() and lease.is_file() and marker.read_text().strip():
+            node = json.loads(lease.read_text())["labels"]["clotho.ray-node"]
+            found[node] = marker.read_text().strip()
+    return found
 
 
-async def test_a_node_that_dies_mid_run_fails_its_rollouts_as_infra_and_others_finish(
+async def test_a_node_that_dies_mid_run_loses_its_rollouts_which_are_retried_on_the_others(
     cluster: LocalRayCluster, tmp_path: Path
 ) -> None:
+    """`run_eval` over the cluster: three slow tasks, one sandbox per node; node 2 is killed
+    while they run. Its task's try is an infra error retried within the run on a surviving
+    node; every task ends scored and passing, one results line each; nothing of the run is
+    left on the surviving nodes, and `clotho sandbox ls/gc` see and remove the dead node's
+    leftover folder."""
     # A state folder of its own: other runs' reapers on this machine would take the dead
     # node's orphan before `clotho sandbox gc` is shown to.
     state = tmp_path / "state"
     state.mkdir()
-    config = ray_config(cluster, state_dir=str(state))
-    async with SlotPool(PoolConfig(max_size=8), labels={"clotho.run": "ray-death"}) as pool:
-        events = [asyncio.Event() for _ in range(3)]
-        specs = [
-            RolloutSpec(
-                sandbox=config,
-                agent=SleepyAgent(e),
-                instruction=lambda: "wait",
-                verify=_verify,
-                timeout_s=120,
-            )
-            for e in events
-        ]
-        runs = [asyncio.create_task(run_rollout(s, pool)) for s in specs]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
-        backend = next(b for k, b in pool._backends.items() if k.startswith("ray"))
-        assert isinstance(backend, RayBackend)
-        doomed = {
-            h.node_id for h in await backend.hosts() if h.hostname and h.open
-        }  # all three nodes hold one
-        assert len(doomed) == 3
-        in_use = [p.sandbox for p in pool._in_use.values()]
-        node2 = _node_of(cluster, 2)
-        on_node2 = [s for s in in_use if s.host.node_id == node2]  # type: ignore[attr-defined]
-        assert len(on_node2) == 1
-        cluster.kill_node(2)
-        outcomes = await asyncio.wait_for(asyncio.gather(*runs), 90)
-        failed = [o for o in outcomes if o.error is not None]
-        assert len(failed) == 1, [o.error for o in outcomes]
-        assert failed[0].error.kind == "infra"  # type: ignore[union-attr]
-        assert "lost" in failed[0].error.message  # type: ignore[union-attr]
-        assert sum(o.passed for o in outcomes) == 2
-        assert not await backend.healthy(on_node2[0])
-        assert await backend.healthy(in_use[0] if in_use[0] is not on_node2[0] else in_use[1])
+    tasks = tmp_path / "tasks"
+    for name in ("slow-a", "slow-b", "slow-c"):
+        _slow_task(tasks, name)
+    config = EvalConfig(
+        paths=[str(tasks)],
+        agent="oracle",
+        concurrency=3,
+        prewarm=False,
+        sandbox=ray_config(cluster, state_dir=str(state)),
+    )
+    out = tmp_path / "ray-death"
+    events: list[tuple[str, object]] = []
+    run = asyncio.create_task(run_eval(config, out, listener=lambda e, d: events.append((e, d))))
+    while len(_started(state)) < 3:  # polled until all three solutions run, one per node
+        assert not run.done(), run.result() if not run.exception() else run.exception()
+        await asyncio.sleep(0.1)
+    node2 = _node_of(cluster, 2)  # the run's backend connected this process to Ray
+    lost_task = _started(state)[node2]
+    cluster.kill_node(2)
+    metrics = await asyncio.wait_for(run, 300)
 
-        # the retry (what --resume runs) lands on a surviving node and passes
-        retry = await run_rollout(
-            RolloutSpec(
-                sandbox=config,
-                agent=SleepyAgent(asyncio.Event(), seconds=0),
-                instruction=lambda: "wait",
-                verify=_verify,
-            ),
-            pool,
-        )
-        assert retry.passed, retry.error
-        with pytest.raises(HostLost):
-            await on_node2[0].exec("true")
+    records = [
+        TrialRecord.model_validate_json(line)
+        for line in (out / "results.jsonl").read_text().splitlines()
+    ]
+    assert sorted(r.task for r in records) == ["slow-a", "slow-b", "slow-c"], "one line each"
+    assert all(r.passed and r.error is None for r in records), records
+    lost = {r.task: r.lost_tries for r in records if r.lost_tries}
+    assert list(lost) == [lost_task], lost
+    assert [e.kind for e in lost[lost_task]] == ["infra"]
+    assert "lost" in lost[lost_task][0].message
+    retried = [d for e, d in events if e == "trial_retry"]
+    assert [r.task for r in retried] == [lost_task]  # type: ignore[attr-defined]
+    assert (metrics.n_attempts, metrics.n_scored, metrics.n_passed) == (3, 3, 3)
+    assert metrics.errors == {}
+    # The retry ran on a surviving node: the only folder left is the dead node's first try.
+    leftovers = list(state.iterdir())
+    assert len(leftovers) == 1
+    lease = json.loads((leftovers[0] / "lease.json").read_text())
+    assert lease["labels"]["clotho.ray-node"] == node2
+
     # the surviving nodes kept nothing of the run; the dead node's folder is an orphan that
     # `clotho sandbox ls/gc --ray` see and remove through a surviving node of its machine
     where = ["--ray", cluster.address, "--state-dir", str(state)]
     listed = await asyncio.to_thread(_clotho, "sandbox", "ls", *where, env={"COLUMNS": "400"})
     rows = [line for line in listed.splitlines() if "ray-death" in line]
-    assert len(rows) >= 1 and all("yes" in row for row in rows), listed
+    # (listed once through the cluster, and once as a folder of the local --state-dir)
+    assert rows and all("yes" in row and lost_task in row for row in rows), listed
     cleaned = await asyncio.to_thread(_clotho, "sandbox", "gc", *where)
     assert "removed" in cleaned and "removed 0 " not in cleaned, cleaned
     assert list(state.iterdir()) == []
-    backend = RayBackend(config)
+    backend = RayBackend(config.sandbox)  # type: ignore[arg-type]
     try:
-        left = [r for r in await backend.records() if r.labels.get("clotho.run") == "ray-death"]
+        left = [r for r in await backend.records() if "ray-death" in r.labels.get("clotho.run", "")]
     finally:
         await backend.aclose()
     assert left == []
