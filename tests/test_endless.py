@@ -265,17 +265,24 @@ async def test_a_generator_that_never_writes_a_sound_task_ends_with_a_clear_erro
     assert env.stats.discarded == {"solution_fails": 1, "duplicate": 1}
 
 
-async def test_scripts_that_never_end_are_stopped_and_discarded() -> None:
+async def test_runaway_scripts_are_stopped_and_discarded() -> None:
     hanging_setup = variant(name="slow-setup", setup="sleep 1000")
     hanging_solution = variant(name="slow-solution", solution="sleep 1000; " + SOLUTION)
-    script = [reply(hanging_setup), reply(hanging_solution)]
+    filling_setup = variant(name="fill", setup="head -c 300000 /dev/urandom > big.bin")
+    script = [reply(hanging_setup), reply(hanging_solution), reply(filling_setup)]
     with ScriptedOpenAIServer(script) as generator, ScriptedOpenAIServer() as agent:
         env = make_env(
-            generator, agent, max_generation_attempts=2, setup_timeout_s=1, solution_timeout_s=1
+            generator,
+            agent,
+            max_generation_attempts=3,
+            setup_timeout_s=1,
+            solution_timeout_s=1,
+            max_workspace_bytes=100_000,
         )
         try:
             await env.setup()
-            with pytest.raises(TaskError, match="1 setup_failed, 1 solution_fails"):
+            reasons = "1 setup_failed, 1 solution_fails, 1 workspace_too_large"
+            with pytest.raises(TaskError, match=reasons):
                 await env.get_next_item()
         finally:
             await env.close()

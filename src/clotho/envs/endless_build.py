@@ -175,7 +175,8 @@ async def build_workspace(
         await sandbox.stop_agent()  # whatever setup started in the background
         cap = limits.max_workspace_bytes
         packed = await sandbox.exec_fresh(
-            f"set -o pipefail; tar -c -f - -C {workdir} . | head -c {cap + 1} | base64 -w0",
+            # no pipefail: past the cap head stops reading, and tar's SIGPIPE is no failure
+            f"tar -c -f - -C {workdir} . | head -c {cap + 1} | base64 -w0",
             timeout=120,
             max_output_bytes=(cap + 1) * 4 // 3 + 16,
         )
