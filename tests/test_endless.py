@@ -25,7 +25,7 @@ from clotho.env.registry import load_environment
 from clotho.envs.endless import EndlessConfig, EndlessEnv
 from clotho.envs.endless_build import verifier_script
 from clotho.envs.endless_spec import GenerationLimits, Rejected, parse_reply
-from clotho.errors import ModelError, TaskError
+from clotho.errors import ConfigError, ModelError, TaskError
 from clotho.sandbox.config import DockerSandboxConfig
 
 pytestmark = requires_bwrap
@@ -423,3 +423,38 @@ async def test_saved_tasks_are_an_evaluation_set(tmp_path: Path) -> None:
         assert not generator.requests  # evaluation generates nothing
     rewards = {s.name.split("-")[0]: s.rollout.reward for s in samples}
     assert rewards == {"count": 1.0, "other": 0.0}
+
+
+async def test_a_resumed_run_serves_the_recorded_items_again(tmp_path: Path) -> None:
+    """With save_tasks, item N is recorded: a run resumed from the state before item N (what
+    `clotho serve --state-dir` keeps) gets the same task back without asking the generator."""
+    saved = tmp_path / "saved"
+    other = variant(name="other", tests="grep -qx 10 /app/sum.txt", solution="echo 10 > sum.txt")
+    third = variant(name="third", tests="grep -qx 7 /app/sum.txt", solution="echo 7 > sum.txt")
+    with (
+        ScriptedOpenAIServer([reply(GOOD), reply(other)]) as generator,
+        ScriptedOpenAIServer() as agent,
+    ):
+        env = make_env(generator, agent, save_tasks=str(saved))
+        try:
+            await env.setup()
+            start = env.state_dict()
+            first = [(await env.get_next_item()).name for _ in range(2)]
+        finally:
+            await env.close()
+    assert start["item_cursor"] == 0 and env.state_dict()["item_cursor"] == 2
+    with ScriptedOpenAIServer([reply(third)]) as generator, ScriptedOpenAIServer() as agent:
+        env = make_env(generator, agent, save_tasks=str(saved))
+        try:
+            await env.setup()
+            env.load_state_dict(start)
+            again = [(await env.get_next_item()).name for _ in range(2)]
+            assert not generator.requests  # served from the record, not regenerated
+            new = (await env.get_next_item()).name
+            assert len(generator.requests) == 1
+            elsewhere = make_env(generator, agent, save_tasks=str(tmp_path / "elsewhere"))
+            with pytest.raises(ConfigError, match="save_tasks"):
+                elsewhere.load_state_dict(start)
+        finally:
+            await env.close()
+    assert again == first and new.startswith("third-") and new not in first

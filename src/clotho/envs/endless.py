@@ -19,14 +19,16 @@ rollouts of a group, and later groups, can use it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 from weakref import WeakKeyDictionary
 
 from pydantic import Field
@@ -65,6 +67,15 @@ from clotho.tools.registry import ToolRegistry
 log = logging.getLogger(__name__)
 
 STAGING = ".staging"
+_FOLDER = re.compile(r"[a-z0-9][a-z0-9-]*")  # a generated task's folder name, never a path
+ITEMS_FILE = ".endless-items.jsonl"  # item number -> task folder, one JSON line per item
+
+
+def _append(path: Path, line: str) -> None:
+    with open(path, "a", encoding="utf-8") as file:
+        file.write(line)
+        file.flush()
+        os.fsync(file.fileno())
 
 
 class EndlessConfig(EnvConfig):
@@ -149,6 +160,7 @@ class EndlessEnv(Environment[Task]):
                 await asyncio.to_thread(tempfile.mkdtemp, prefix="clotho-endless-")
             )
             self.folder = self._temporary
+        self._items: dict[int, str] = await asyncio.to_thread(self._read_items)
         self._require_pool()
 
     @property
@@ -175,7 +187,18 @@ class EndlessEnv(Environment[Task]):
     # -- items -------------------------------------------------------------------------
 
     async def get_next_item(self) -> Task:
-        """A new sound task; a `TaskError` after `max_generation_attempts` discarded ones."""
+        """A new sound task; a `TaskError` after `max_generation_attempts` discarded ones.
+        Under `save_tasks`, item N is recorded, and served again (not regenerated) when a
+        resumed run asks for item N (`load_state_dict`)."""
+        index = self.item_cursor
+        self.item_cursor += 1  # taken now: concurrent calls get their own numbers
+        task = await self._recorded(index)
+        if task is None:
+            task = await self._generate()
+            await self._record(index, task)
+        return task
+
+    async def _generate(self) -> Task:
         reasons: Counter[str] = Counter()
         last: Rejected | None = None
         for _ in range(self.config.max_generation_attempts):
@@ -242,6 +265,56 @@ class EndlessEnv(Environment[Task]):
         self.stats.tasks_kept += 1
         log.info("generated task kept: %s", final)
         return task
+
+    # -- the item record (resume) ------------------------------------------------------
+
+    async def _recorded(self, index: int) -> Task | None:
+        """Item `index` as an earlier run (or this one) served it, if its folder is kept."""
+        name = self._items.get(index)
+        if name is None or not (self.folder / name).is_dir():
+            return None
+        task = await asyncio.to_thread(load_task, self.folder / name)
+        if task.path not in self._prepared:
+            spec = environment_spec(task)
+            self._prepared[task.path] = await self._require_pool().prepare(
+                self.config.sandbox, spec
+            )
+        return task
+
+    async def _record(self, index: int, task: Task) -> None:
+        self._items[index] = task.name
+        if self._temporary is None:  # saved tasks: the record outlives the run
+            line = json.dumps({"item": index, "task": task.name}) + "\n"
+            await asyncio.to_thread(_append, self.folder / ITEMS_FILE, line)
+
+    def _read_items(self) -> dict[int, str]:
+        items: dict[int, str] = {}
+        path = self.folder / ITEMS_FILE
+        if not path.is_file():
+            return items
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                entry = json.loads(line)
+                index, name = entry["item"], entry["task"]
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s line %d is not an item record; ignored", path, number)
+                continue
+            if isinstance(index, int) and isinstance(name, str) and _FOLDER.fullmatch(name):
+                items[index] = name  # the last record of an item wins
+        return items
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "save_tasks": self.config.save_tasks}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("save_tasks")
+        mine = self.config.save_tasks
+        if saved is not None and mine is not None and Path(saved).resolve() != Path(mine).resolve():
+            raise ConfigError(
+                f"the serve state was saved with save_tasks={saved}, not {mine}: "
+                "its items are recorded there"
+            )
+        super().load_state_dict(state)
 
     # -- rollouts ----------------------------------------------------------------------
 
