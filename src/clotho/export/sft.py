@@ -89,6 +89,9 @@ class Trajectory(BaseModel):
     sequences: list[TokenSequence] | None = Field(
         None, description="exact training sequences from a token backend's ledger"
     )
+    sequences_from: Literal["ledger", "group"] = Field(
+        "ledger", description="group: a groups file's rows (ledger or template, as it was made)"
+    )
     source: str
     task: str | None = None
     attempt: int | None = None
@@ -103,7 +106,7 @@ class SftMetadata(BaseModel):
     passed: bool = False
     error: ErrorKind | None = None
     key: str = Field(description="sha256 of the normalized messages and tools: equal = duplicate")
-    tokens_from: Literal["ledger", "template"] | None = None
+    tokens_from: Literal["ledger", "template", "group"] | None = None
     sequence: int | None = Field(
         None, description="which of the trajectory's token sequences this line holds"
     )
@@ -330,19 +333,20 @@ def to_sharegpt(messages: Sequence[dict[str, Any]]) -> list[ShareGptTurn]:
 # -- records -----------------------------------------------------------------------------
 
 TokenRows = list[tuple[list[int], list[int]]]
+TokensFrom = Literal["ledger", "template", "group"]
 
 
 def token_rows(
     trajectory: Trajectory,
     messages: list[dict[str, Any]],
     tokenizer: TemplateTokenizer | None,
-) -> tuple[TokenRows, Literal["ledger", "template"] | None]:
+) -> tuple[TokenRows, TokensFrom | None]:
     """Token sequences and masks: the ledger's exact ones when the rollout has them, else the
     chat template's rendering when a tokenizer is given, else none."""
     if trajectory.sequences is not None:
         rows = [(s.tokens, s.masks) for s in trajectory.sequences if s.tokens]
         if rows:
-            return rows, "ledger"
+            return rows, trajectory.sequences_from
     if tokenizer is not None:
         tokens, masks = tokenizer.tokens_and_masks(messages, tools=trajectory.tools)
         return [(tokens, masks)], "template"

@@ -128,6 +128,7 @@ def trajectories_of_group(group: ScoredGroup, index: int) -> Iterator[Trajectory
             reward=score,
             passed=score >= PASS_REWARD,
             sequences=[s for s in sequences if s.tokens] or None,
+            sequences_from="group",
             source="groups",
             task=f"group {index}",
         )
