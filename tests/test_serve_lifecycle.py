@@ -11,7 +11,9 @@ Harbor task directories verified in bubblewrap sandboxes, the Qwen tokenizer. Th
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import os
 import re
 import signal
 import sys
@@ -114,7 +116,12 @@ def log_file(path: Path) -> BinaryIO:
 
 
 async def start_serve(
-    tmp_path: Path, api: ApiServer, model: ScriptedOpenAIServer, config: Path, *extra: str
+    tmp_path: Path,
+    api: ApiServer,
+    model: ScriptedOpenAIServer,
+    config: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
 ) -> tuple[asyncio.subprocess.Process, Path]:
     log = tmp_path / f"serve-{len(list(tmp_path.glob('serve-*.log')))}.log"
     with log_file(log) as out:
@@ -123,7 +130,7 @@ async def start_serve(
             "--config", str(config), "--group-size", "2", "--model", "m",
             "--base-url", model.base_url, "--tokenizer", str(QWEN_DIR),
             "--state-dir", str(tmp_path / "state"), *extra,
-            stdout=out, stderr=out, cwd=tmp_path,
+            stdout=out, stderr=out, cwd=tmp_path, env=env,
         )  # fmt: skip
     return proc, log
 
@@ -154,6 +161,16 @@ async def test_serve_stops_at_total_steps_and_evaluates_each_boundary_once(
 ) -> None:
     config = make_tasks(make_task, tmp_path, 8)  # more than the run takes: one pass
     script = TaskModel()
+    with_wandb = importlib.util.find_spec("wandb") is not None  # the extra, when installed
+    wandb_args = ["--wandb", "clotho-serve-test"] if with_wandb else []
+    wandb_env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONSOLE": "off",
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+    }
+    wandb_env.pop("WANDB_DIR", None)
     with ScriptedOpenAIServer(default=script) as model:
         async with ApiServer(port=0) as api:
             trainer = ScriptedTrainer(api.url)
@@ -162,6 +179,7 @@ async def test_serve_stops_at_total_steps_and_evaluates_each_boundary_once(
             serve, log = await start_serve(
                 tmp_path, api, model, config,
                 "--total-steps", "4", "--steps-per-eval", "2", "--max-num-workers", "3",
+                *wandb_args, env=wandb_env,
             )  # fmt: skip
             try:
                 items = []
@@ -202,6 +220,14 @@ async def test_serve_stops_at_total_steps_and_evaluates_each_boundary_once(
     assert len(evaluations(tmp_path)) == 2 and script.probes == 2
     state = ServeState.model_validate_json((tmp_path / "state" / "state.json").read_bytes())
     assert state.last_eval_step == 4 and state.groups_sent >= 4
+    if with_wandb:
+        from tests.test_wandb import read_offline_run
+
+        logged = read_offline_run(tmp_path / "state")
+        steps = [h["eval/trainer_step"] for h in logged["history"] if "eval/trainer_step" in h]
+        assert steps == [2, 4]
+        assert [h["eval/pass_rate"] for h in logged["history"] if "eval/pass_rate" in h] == [1, 1]
+        assert sum("train/group_score/mean" in h for h in logged["history"]) >= 4
 
 
 async def replayed(config_file: Path, state_file: Path) -> list[str]:

@@ -139,7 +139,9 @@ def serve_command(
             from clotho.runs.tracking import GroupTracker
 
             settings = environment.config.model_dump(mode="json")
-            tracker = GroupTracker(wandb, name=f"serve-{env}", config=settings, job_type="serve")
+            tracker = GroupTracker(
+                wandb, name=f"serve-{env}", config=settings, job_type="serve", directory=folder
+            )
         client = AtroposClient(ApiClientConfig(url=api_url, token=api_token))
         store = StateDir(folder)
 
@@ -151,9 +153,11 @@ def serve_command(
                 errors = record.metrics.get("errors") or {}
                 errors = {f"eval/errors/{k}": v for k, v in errors.items()}
                 values |= {"eval/trainer_step": record.step, **errors}
+                # A row of its own: W&B keeps one log per step, and groups log at theirs.
                 tracker.tracker.log(
                     {k: v for k, v in values.items() if v is not None}, tracker.step
                 )
+                tracker.step += 1
 
         try:
             reason = environment.untrainable()
