@@ -28,9 +28,12 @@ _CHUNK = 1024**2
 
 
 def _problem(exc: BaseException) -> str:
+    """An exception's text on one printable line (a library's message may carry bytes of
+    the hostile file itself)."""
     if isinstance(exc, RecursionError):
         return "nested too deeply"
-    return str(exc)[:200]
+    text = "".join(c if c.isprintable() else " " for c in str(exc))
+    return " ".join(text.split())[:200] or type(exc).__name__
 
 
 def _long_lines(file: IO[bytes], cap: int) -> Iterator[bytes | None]:

@@ -172,8 +172,11 @@ def rows_from_records(
         if record.error is not None:
             errors.append((Path(label) if record.whole_source else name, record.error))
             continue
+        data = record.data
+        if isinstance(data, dict):  # a null (a Parquet column other rows fill) is left out
+            data = {k: v for k, v in data.items() if v is not None}
         try:
-            row = TB2Row.model_validate(record.data)
+            row = TB2Row.model_validate(data)
             dirs.append(materialize(row, cache, where))
         except ValidationError as exc:
             errors.append((name, TaskError(f"{where}: {describe_validation_error(exc)}")))
