@@ -94,7 +94,7 @@ def test_records_keep_unknown_fields_and_read_json_string_lists(tmp_path: Path) 
     assert instances[0].model_extra == {"environment_setup_commit": "ffff"}
     assert instances[0].version == "1.2"
     messages = {name: str(e) for name, e in errors}
-    assert "invalid JSON" in messages["instances.jsonl:2"]
+    assert "valid JSON" in messages["instances.jsonl:2"]
     assert "instance a__b-2" in messages["a__b-2"] and "base_commit" in messages["a__b-2"]
     assert "FAIL_TO_PASS" in messages["a__b-3"]
 

@@ -2,12 +2,13 @@
 copied into every later rollout's sandbox instead of installed again.
 
 The first rollout of a key runs `install_cmd` in its own sandbox (before its agent starts)
-and the files the install created or changed are captured there as one tar: everything
-under the testbed and the install roots whose ctime is newer than a marker made just
-before the install (ctime cannot be set by a program, unlike mtime). The tar is downloaded
+and the result is captured there as one tar: the whole testbed as the install left it, and
+everything under the install roots whose ctime is newer than a marker made just before the
+install (ctime cannot be set by a program, unlike mtime). The tar is downloaded
 as a single file into the host cache (`<cache>/installs/<key>/deps.tar`, written to a
 temporary name and renamed into place) and never unpacked on the host. Every later rollout
-of the key uploads that file and unpacks it inside its own sandbox: each rollout gets a
+of the key uploads that one file (instead of the snapshot) and unpacks it inside its own
+sandbox: each rollout gets a
 private copy, so nothing an agent writes (into site-packages, the testbed, anywhere) can
 reach the cache or another rollout, and the cache folder is never visible in a sandbox.
 
@@ -37,7 +38,7 @@ import logging
 import shlex
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
@@ -99,23 +100,28 @@ def install_key(*, source: str, commit: str, install_cmd: str, testbed: str, kin
 
 
 def capture_script(roots: tuple[str, ...], testbed: str, tar: str) -> str:
-    """Tar (no recursion: each new or changed entry once) everything newer than the marker
-    under the testbed, the roots and any top-level folder the install created (one not
-    listed in the marker); prints the tar's size."""
+    """Tar (no recursion: each entry once) the whole testbed, and everything newer than the
+    marker under the roots and any top-level folder the install created (one the marker
+    does not list); prints the tar's size. The testbed goes whole, so a later rollout needs
+    this one file and not the snapshot too (and files the install deleted stay deleted)."""
     pruned = " -o ".join(f"-path {shlex.quote(p)}" for p in PRUNED)
-    starts = " ".join(shlex.quote(r) for r in (testbed, *roots))
+    starts = " ".join(shlex.quote(r) for r in roots)
+    bed = shlex.quote(testbed)
     return f"""set -eu
 M={MARKER}
 [ -f "$M" ] || {{ echo "the install marker is gone" >&2; exit 3; }}
 set -f
 starts=""
 for s in {starts} $(ls -1A / | grep -vxF -f "$M" | sed 's|^|/|'); do
-  case "$s" in /proc|/sys|/dev|/tmp|/run) continue ;; esac
+  case "$s" in /proc|/sys|/dev|/tmp|/run|{bed}) continue ;; esac
   [ -e "$s" ] && starts="$starts $s"
 done
 rc=0
-find $starts -xdev \\( {pruned} \\) -prune -o -cnewer "$M" -print0 \\
-  | tar -c --null --no-recursion -f {tar} -T - 2>/tmp/.clotho-tar.err || rc=$?
+{{ find {bed} -xdev -print0
+   if [ -n "$starts" ]; then
+     find $starts -xdev \\( {pruned} \\) -prune -o -cnewer "$M" -print0
+   fi
+}} | tar -c --null --no-recursion -f {tar} -T - 2>/tmp/.clotho-tar.err || rc=$?
 if [ "$rc" -gt 1 ]; then cat /tmp/.clotho-tar.err >&2; exit "$rc"; fi
 stat -c %s {tar}
 """
@@ -195,9 +201,12 @@ class InstallCache:
         testbed: str,
         timeout_s: float,
         what: str,
+        upload_workspace: Callable[[], Awaitable[None]],
     ) -> Literal["installed", "restored"]:
-        """The install's result in `sandbox`: restored from the cache, or installed here
-        (and captured for the others) by the first rollout of the key."""
+        """The workspace and the install's result in `sandbox`: restored from the cache (one
+        file: the testbed as the install left it and the install's files), or, by the first
+        rollout of the key, `upload_workspace` and the install run here and captured for
+        the others."""
         if self._cached(key) is None:
             lock = self._locks.setdefault(key, asyncio.Lock())
             async with lock, self._file_lock(key):
@@ -205,6 +214,7 @@ class InstallCache:
                     failed = self._failure(key)
                     if failed is not None:
                         raise TaskError(f"{what}: {failed} (remembered from an earlier try)")
+                    await upload_workspace()
                     await self._install_and_capture(
                         sandbox, key, install_cmd, testbed, timeout_s, what
                     )

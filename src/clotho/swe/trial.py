@@ -89,9 +89,10 @@ class SweTrial:
         if self._checked != snapshot:  # once per record and snapshot: the warm path runs no git
             await asyncio.to_thread(self._check_patches, snapshot)
             self._checked = snapshot
-        await sandbox.upload(snapshot, self.options.testbed)
         if instance.install_cmd:
             await self._install(sandbox, snapshot, instance.install_cmd)
+        else:
+            await sandbox.upload(snapshot, self.options.testbed)
         return snapshot
 
     async def _install(self, sandbox: Sandbox, snapshot: Path, install_cmd: str) -> None:
@@ -101,6 +102,7 @@ class SweTrial:
         what = f"instance {self.instance.instance_id}"
         testbed, timeout = self.options.testbed, self.options.install_timeout_s
         if not self.installs.options.enabled:
+            await sandbox.upload(snapshot, testbed)
             await run_install(sandbox, install_cmd, testbed, timeout, what)
             return
         key = install_key(
@@ -112,7 +114,7 @@ class SweTrial:
         )
         await self.installs.ensure(
             sandbox, key=key, install_cmd=install_cmd, testbed=testbed, timeout_s=timeout,
-            what=what,
+            what=what, upload_workspace=lambda: sandbox.upload(snapshot, testbed),
         )  # fmt: skip
 
     def _check_patches(self, snapshot: Path) -> None:
