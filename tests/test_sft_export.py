@@ -592,3 +592,49 @@ async def test_process_prefers_the_exact_ledger_of_a_token_backend(tmp_path: Pat
     assert [m["name"] for m in (t["function"] for t in line["tools"])] == [
         t.name for t in env.resolve_tools()
     ]
+
+
+@requires_bwrap
+@needs_qwen
+def test_interrupted_process_leaves_a_whole_sft_file(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of `clotho process`: the SFT file holds whole lines of what
+    finished, and no temporary file is left beside it."""
+    import signal
+    import time
+
+    from tests.scripted_openai import Reply
+    from tests.test_env import solver
+
+    answer = solver()
+
+    def slow(body: dict[str, Any]) -> Reply:
+        return Reply(answer(body), delay_s=0.2)
+
+    out = tmp_path / "groups.jsonl"
+    chat = tmp_path / "sft.jsonl"
+    with ScriptedOpenAIServer(default=slow) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clotho", "process", "terminal_test", "--out", str(out),
+             "--n-groups", "100", "--group-size", "2", "--concurrency", "1", "--model", "m",
+             "--base-url", server.base_url, "--tokenizer", str(QWEN_DIR), "--sft-out", str(chat),
+             "--sft-keep-duplicates"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                if out.exists() and len(out.read_text().splitlines()) >= 2:
+                    break
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, stderr
+    groups = len(out.read_text().splitlines())
+    lines = read_lines(chat)
+    assert 2 * 2 <= 2 * groups <= len(lines) < 200  # every rollout passes; some ended unsent
+    for line in lines:
+        check_chat(line)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]

@@ -134,7 +134,7 @@ def process_command(
             await sink.aclose()
             await environment.close()
             if exporter is not None and sft_out is not None:
-                print_sft(console, sft_out, exporter.commit())
+                print_sft(console, sft_out, await asyncio.to_thread(exporter.commit))
             write_groups_report(out, out.with_suffix(".html"), environment.stats)
             if wandb:
                 from clotho.runs.tracking import track_groups

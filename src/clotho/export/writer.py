@@ -48,6 +48,10 @@ class AtomicLines:
         except OSError as exc:
             raise ConfigError(f"cannot write {path}: {exc}") from exc
 
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
     def write(self, text: str) -> None:
         self._file.write(text)
 
@@ -142,6 +146,9 @@ class SftExporter:
             return False
         text = "".join(record_line(r) for r in records)
         with self._lock:
+            if self._out.closed:  # a rollout that ended after the export was committed
+                self._skipped["after the end"] += 1
+                return False
             self._out.write(text)
             self._kept += 1
             self._lines += len(records)
