@@ -58,6 +58,8 @@ def reply(task: dict[str, Any] | str, fenced: bool = False) -> dict[str, Any]:
 ALREADY_SOLVED = variant(name="solved", files={**GOOD["files"], "count.txt": "3\n"})
 WRONG_SOLUTION = variant(name="wrong", solution="echo 4 > /app/count.txt")
 GARBLED = "Sure! {name: 'count', tests: oops"
+# Checks that pass only where the oracle's /solution folder exists: no agent could pass them.
+ORACLE_ONLY = variant(name="oracle-only", tests="test -d /solution && test -f /app/count.txt")
 CLIMBING = variant(name="climb", files={"../outside.txt": "x"})
 ABSOLUTE = variant(name="abs", files={"/etc/cron.d/evil": "x"})
 FAILING_SETUP = variant(name="setup-fails", setup="exit 3")
@@ -99,6 +101,7 @@ async def test_only_sound_tasks_are_kept_and_discards_are_counted(tmp_path: Path
         reply(GARBLED),
         reply(ALREADY_SOLVED),
         reply(WRONG_SOLUTION),
+        reply(ORACLE_ONLY),
         reply(CLIMBING),
         reply(ABSOLUTE),
         reply(FAILING_SETUP),
@@ -114,12 +117,12 @@ async def test_only_sound_tasks_are_kept_and_discards_are_counted(tmp_path: Path
         finally:
             await env.close()
         assert generator.remaining == 0 and not agent.requests
-    assert env.stats.tasks_generated == 8 and env.stats.tasks_kept == 1
-    assert env.stats.tasks_discarded == 7
+    assert env.stats.tasks_generated == 9 and env.stats.tasks_kept == 1
+    assert env.stats.tasks_discarded == 8
     assert env.stats.discarded == {
         "unparseable": 1,
         "passes_initially": 1,
-        "solution_fails": 1,
+        "solution_fails": 2,
         "invalid": 3,
         "setup_failed": 1,
     }

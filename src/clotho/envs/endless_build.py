@@ -30,10 +30,13 @@ import os
 import shutil
 import tarfile
 import textwrap
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from clotho.agent.base import AgentContext
 from clotho.agent.reference import NopAgent, OracleAgent
+from clotho.agent.result import AgentResult
 from clotho.envs.endless_spec import GeneratedTask, Rejected
 from clotho.rollout import RolloutOutcome
 from clotho.sandbox import SandboxConfig
@@ -205,6 +208,21 @@ def _unpack(data: bytes, folder: Path) -> None:
         raise Rejected("setup_failed", f"the workspace cannot be unpacked: {exc}") from exc
 
 
+class ReferenceSolution:
+    """The oracle, leaving no trace of itself: solve.sh runs from a random folder that is
+    removed afterwards, so checks that look for /solution (which no agent has) cannot pass
+    for the reference solution alone."""
+
+    name = "reference"
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        mount = f"/tmp/.reference-{uuid.uuid4().hex}"
+        try:
+            return await OracleAgent().run(replace(ctx, solution_mount=mount))
+        finally:
+            await ctx.sandbox.exec(f"rm -rf -- {mount}", timeout=30)
+
+
 @dataclass
 class Soundness:
     """The two checks of one candidate task."""
@@ -237,7 +255,7 @@ async def check_soundness(
     timeout = limits.solution_timeout_s + limits.test_timeout_s + _MARGIN_S
     initial, solved = await asyncio.gather(
         run_trial(trial, NopAgent(), base, pool, timeout_s=timeout),
-        run_trial(trial, OracleAgent(), base, pool, timeout_s=timeout),
+        run_trial(trial, ReferenceSolution(), base, pool, timeout_s=timeout),
     )
     return Soundness(initial=initial, solved=solved)
 
