@@ -55,11 +55,12 @@ def read_records(source: DatasetSource | str | Path) -> Iterator[Record]:
                 yield record
                 continue
             try:
-                yield Record(
+                mapped = Record(
                     record.where, record.number, remap(record.data, source.fields, record.where)
                 )
             except TaskError as exc:
-                yield Record(record.where, record.number, None, exc)
+                mapped = Record(record.where, record.number, None, exc)
+            yield mapped
     except TaskError as exc:
         yield Record(source.label, 0, None, exc)
     except OSError as exc:
