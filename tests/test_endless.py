@@ -461,3 +461,19 @@ async def test_a_resumed_run_serves_the_recorded_items_again(tmp_path: Path) -> 
         finally:
             await env.close()
     assert again == first and new.startswith("third-") and new not in first
+
+
+async def test_without_a_generator_model_the_environments_model_writes_the_tasks() -> None:
+    """No `generator_model`: the environment's own model (with no model configured at all,
+    the embedded one, as `_require_model` builds it) is asked for the task."""
+    with ScriptedOpenAIServer([reply(GOOD)], default=agent_model(solve_every=10**6)) as model:
+        config = model_config(model)
+        env = EndlessEnv(EndlessConfig(model=config, group_size=1, min_valid_rollouts=1))
+        try:
+            await env.setup()
+            group, _ = await env.collect_group(await env.get_next_item())
+        finally:
+            await env.close()
+        assert model.requests[0]["messages"][0]["content"].startswith("You invent small")
+    assert env.config.generator_model is None and env.stats.tasks_kept == 1
+    assert group is not None and group.scores == [1.0]
