@@ -67,15 +67,16 @@ FAILING_SETUP = variant(name="setup-fails", setup="exit 3")
 BUILDING_SETUP = variant(name="builds", setup="printf 'FROM x\\nRUN curl evil\\n' > Dockerfile")
 
 
-def agent_model(solve_every: int = 2) -> Any:
-    """A scripted agent: rollouts 1, 3, ... run the solution, rollouts 2, 4, ... do nothing."""
+def agent_model(nop_every: int = 2) -> Any:
+    """A scripted agent that runs the solution, except every `nop_every`-th rollout (0:
+    never), which does nothing."""
     calls = {"n": 0}
 
     def answer(body: dict[str, Any]) -> dict[str, Any]:
         if body["messages"][-1]["role"] != "user":
             return assistant("done")
         calls["n"] += 1
-        if calls["n"] % solve_every == 0:
+        if nop_every and calls["n"] % nop_every == 0:
             return assistant("I will not do anything.")
         return assistant("", [tool_call("terminal", {"command": f"cd /app && {SOLUTION}"})])
 
@@ -138,7 +139,7 @@ async def test_only_sound_tasks_are_kept_and_discards_are_counted(tmp_path: Path
 async def test_every_rollout_is_verified_in_its_own_sandbox(tmp_path: Path) -> None:
     with (
         ScriptedOpenAIServer([reply(GOOD)]) as generator,
-        ScriptedOpenAIServer(default=agent_model(solve_every=2)) as agent,
+        ScriptedOpenAIServer(default=agent_model(nop_every=2)) as agent,
     ):
         env = make_env(generator, agent, group_size=4, save_tasks=str(tmp_path / "saved"))
         try:
@@ -165,7 +166,7 @@ async def test_docker_checks_and_verifies_in_the_rollouts_own_containers(tmp_pat
     soundness checks run and each rollout is verified in containers."""
     with (
         ScriptedOpenAIServer([reply(WRONG_SOLUTION), reply(GOOD)]) as generator,
-        ScriptedOpenAIServer(default=agent_model(solve_every=2)) as agent,
+        ScriptedOpenAIServer(default=agent_model(nop_every=2)) as agent,
     ):
         env = make_env(generator, agent, group_size=2, sandbox=DockerSandboxConfig())
         try:
@@ -415,7 +416,7 @@ async def test_saved_tasks_are_an_evaluation_set(tmp_path: Path) -> None:
     # a later run: the agent always counts lines, which solves one of the two saved tasks
     with (
         ScriptedOpenAIServer() as generator,
-        ScriptedOpenAIServer(default=agent_model(solve_every=10**6)) as agent,
+        ScriptedOpenAIServer(default=agent_model(nop_every=0)) as agent,
     ):
         env = make_env(generator, agent, eval_tasks=[str(saved)])
         try:
@@ -466,7 +467,7 @@ async def test_a_resumed_run_serves_the_recorded_items_again(tmp_path: Path) -> 
 async def test_without_a_generator_model_the_environments_model_writes_the_tasks() -> None:
     """No `generator_model`: the environment's own model (with no model configured at all,
     the embedded one, as `_require_model` builds it) is asked for the task."""
-    with ScriptedOpenAIServer([reply(GOOD)], default=agent_model(solve_every=10**6)) as model:
+    with ScriptedOpenAIServer([reply(GOOD)], default=agent_model(nop_every=0)) as model:
         config = model_config(model)
         env = EndlessEnv(EndlessConfig(model=config, group_size=1, min_valid_rollouts=1))
         try:
