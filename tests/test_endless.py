@@ -23,9 +23,10 @@ from tests.scripted_openai import HTTPError, RawBody, ScriptedOpenAIServer, assi
 from clotho.chat.client import ChatClient, ModelConfig
 from clotho.env.registry import load_environment
 from clotho.envs.endless import EndlessConfig, EndlessEnv
-from clotho.envs.endless_build import verifier_script
+from clotho.envs.endless_build import Soundness, verifier_script
 from clotho.envs.endless_spec import GenerationLimits, Rejected, parse_reply
-from clotho.errors import ConfigError, ModelError, TaskError
+from clotho.errors import ConfigError, ErrorInfo, InfraError, ModelError, TaskError
+from clotho.rollout import RolloutOutcome
 from clotho.sandbox.config import DockerSandboxConfig
 
 pytestmark = requires_bwrap
@@ -478,3 +479,19 @@ async def test_without_a_generator_model_the_environments_model_writes_the_tasks
         assert model.requests[0]["messages"][0]["content"].startswith("You invent small")
     assert env.config.generator_model is None and env.stats.tasks_kept == 1
     assert group is not None and group.scores == [1.0]
+
+
+def test_a_check_that_broke_on_the_backend_is_no_verdict_on_the_task() -> None:
+    scored = RolloutOutcome(reward=0.0)
+    passed = RolloutOutcome(reward=1.0, passed=True)
+    broken = RolloutOutcome(error=ErrorInfo(kind="infra", message="docker daemon gone"))
+    timed_out = RolloutOutcome(error=ErrorInfo(kind="verifier", message="timed out"))
+    assert Soundness(initial=scored, solved=passed).problem() is None
+    with pytest.raises(InfraError, match="docker daemon gone"):
+        Soundness(initial=scored, solved=broken).problem()
+    problem = Soundness(initial=timed_out, solved=passed).problem()
+    assert problem is not None and problem.reason == "check_error"
+    problem = Soundness(initial=passed, solved=passed).problem()
+    assert problem is not None and problem.reason == "passes_initially"
+    problem = Soundness(initial=scored, solved=scored).problem()
+    assert problem is not None and problem.reason == "solution_fails"

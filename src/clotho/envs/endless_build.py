@@ -38,6 +38,7 @@ from clotho.agent.base import AgentContext
 from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.agent.result import AgentResult
 from clotho.envs.endless_spec import GeneratedTask, Rejected
+from clotho.errors import InfraError
 from clotho.rollout import RolloutOutcome
 from clotho.sandbox import SandboxConfig
 from clotho.sandbox.pool import SlotPool
@@ -231,7 +232,11 @@ class Soundness:
     solved: RolloutOutcome
 
     def problem(self) -> Rejected | None:
+        """Why the task is not sound, if it is not. An infrastructure failure (the backend,
+        not the task, broke) is raised as one: the candidate was never judged."""
         for outcome, what in ((self.initial, "initial state"), (self.solved, "solution")):
+            if outcome.error is not None and outcome.error.kind == "infra":
+                raise InfraError(f"checking a generated task ({what}): {outcome.error.message}")
             if outcome.error is not None:
                 return Rejected(
                     "check_error", f"{what}: {outcome.error.kind}: {outcome.error.message[:300]}"
