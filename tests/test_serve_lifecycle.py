@@ -362,12 +362,15 @@ async def test_a_state_that_does_not_fit_is_refused(make_task: TaskFactory, tmp_
     try:
         await env.setup()
         good = env.state_dict()
-        with pytest.raises(ConfigError, match="another task set"):
-            env.load_state_dict({**good, "tasks": "0" * 16})
+        order = good["order"]
+        with pytest.raises(ConfigError, match="another item set"):
+            env.load_state_dict({**good, "order": {**order, "items": "0" * 16}})
         with pytest.raises(ConfigError, match="random state"):
             env.load_state_dict({**good, "rng": {"version": 3, "words": "AAAA", "gauss": None}})
-        with pytest.raises(ConfigError, match="tasks left"):
-            env.load_state_dict({**good, "epoch": 1, "left": 99})
+        with pytest.raises(ConfigError, match="items left"):
+            env.load_state_dict({**good, "order": {**order, "epoch": 1, "left": 99}})
+        with pytest.raises(ConfigError, match="no task order"):
+            env.load_state_dict({k: v for k, v in good.items() if k != "order"})
         env.load_state_dict(good)
     finally:
         await env.close()

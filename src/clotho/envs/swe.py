@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 from weakref import WeakKeyDictionary
 
 from pydantic import Field
@@ -19,6 +19,7 @@ from clotho.data import DatasetSource, source_list
 from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
 from clotho.env.evaluation import EvalSample
+from clotho.env.pass_order import PassOrder
 from clotho.errors import ConfigError
 from clotho.rollout import VerifierOutcome
 from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
@@ -83,7 +84,10 @@ class SweEnv(Environment[SweInstance]):
             i.instance_id: SweTrial(i, options, self.cache)
             for i in [*self.instances, *self.eval_instances]
         }
-        self._order: list[SweInstance] = []
+        self._order = PassOrder(
+            self.instances, lambda i: i.instance_id,
+            seed=self.config.seed, shuffle=self.config.shuffle,
+        )  # fmt: skip
         self._snapshots: WeakKeyDictionary[Sandbox, Path] = WeakKeyDictionary()
         self._baselines: WeakKeyDictionary[Sandbox, ProgramDigests] = WeakKeyDictionary()
         pool = self._require_pool()
@@ -117,11 +121,17 @@ class SweEnv(Environment[SweInstance]):
         return found
 
     async def get_next_item(self) -> SweInstance:
-        if not self._order:
-            self._order = list(self.instances)
-            if self.config.shuffle:
-                self.rng.shuffle(self._order)
-        return self._order.pop()
+        return self._order.next()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "order": self._order.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        order = state.get("order")
+        if not isinstance(order, dict):
+            raise ConfigError("the serve state has no instance order (saved by another version?)")
+        self._order.load_state_dict(order)
 
     def format_prompt(self, item: SweInstance) -> str:
         return instruction(item, self.config.swe.testbed)

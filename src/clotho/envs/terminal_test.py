@@ -56,12 +56,10 @@ EVAL = [
 class TerminalTestEnv(Environment[InlineTask]):
     name: ClassVar[str] = "terminal_test"
 
-    async def setup(self) -> None:
-        self._index = 0
-
     async def get_next_item(self) -> InlineTask:
-        item = TRAIN[self._index % len(TRAIN)]
-        self._index += 1
+        """By `item_cursor`, which `clotho serve --state-dir` saves and restores."""
+        item = TRAIN[self.item_cursor % len(TRAIN)]
+        self.item_cursor += 1
         return item
 
     def format_prompt(self, item: InlineTask) -> str:
