@@ -8,6 +8,7 @@ sandboxes, the verifier and `clotho eval` are the real ones.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -495,3 +496,28 @@ def test_a_check_that_broke_on_the_backend_is_no_verdict_on_the_task() -> None:
     assert problem is not None and problem.reason == "passes_initially"
     problem = Soundness(initial=scored, solved=scored).problem()
     assert problem is not None and problem.reason == "solution_fails"
+
+
+async def test_clotho_process_endless_saves_its_tasks(tmp_path: Path) -> None:
+    """The CLI path: `--save-tasks` reaches the environment, the groups are written and the
+    kept task is a Harbor task folder."""
+    from tests.test_chat_template import QWEN_DIR
+
+    saved, out = tmp_path / "saved", tmp_path / "groups.jsonl"
+    with (
+        ScriptedOpenAIServer([reply(GOOD)]) as generator,
+        ScriptedOpenAIServer(default=agent_model(nop_every=2)) as agent,
+    ):
+        generator_model = json.dumps({"model": "m", "base_url": generator.base_url})
+        result = await asyncio.to_thread(
+            clotho,
+            "process", "endless", "--n-groups", "1", "--group-size", "2",
+            "--model", "m", "--base-url", agent.base_url, "--tokenizer", str(QWEN_DIR),
+            "--set", f"generator_model={generator_model}",
+            "--save-tasks", str(saved), "--out", str(out),
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (group,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(group["scores"]) == [0.0, 1.0]
+    (task,) = [p for p in saved.iterdir() if p.is_dir()]
+    assert (task / "instruction.md").is_file() and (task / "tests" / "test.sh").is_file()

@@ -55,7 +55,15 @@ def process_command(
         typer.Option(help="JSONL file of scored groups (default: runs/process-<env>-<time>.jsonl)"),
     ] = None,
     n_groups: Annotated[int, typer.Option(min=1, help="how many groups to produce")] = 8,
-    concurrency: Annotated[int, typer.Option(min=1, help="groups in flight at once")] = 2,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            "--max-num-workers",
+            min=1,
+            help="groups in flight at once (default: the config's max_num_workers, 2)",
+        ),
+    ] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     model: ModelOpt = None,
@@ -70,6 +78,12 @@ def process_command(
     ] = None,
     instances: Annotated[
         list[str] | None, typer.Option(help="instance files (environments with `instances`)")
+    ] = None,
+    save_tasks: Annotated[
+        Path | None,
+        typer.Option(
+            help="environments that generate tasks (endless): keep them here as Harbor tasks"
+        ),
     ] = None,
     max_items: Annotated[
         int | None, typer.Option(min=1, help="items used, and groups produced at most")
@@ -110,6 +124,8 @@ def process_command(
         sets.append(f"sandbox.slots_per_container={slots_per_container}")
     if instances:
         sets.append(f"instances={json.dumps(instances)}")
+    if save_tasks:
+        sets.append(f"save_tasks={json.dumps(str(save_tasks))}")
     if max_items:
         sets.append(f"max_items={max_items}")
         n_groups = min(n_groups, max_items)
