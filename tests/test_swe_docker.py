@@ -13,6 +13,7 @@ from tests.docker_probe import DOCKER_PROBLEM, requires_docker
 
 from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.sandbox import DockerSandboxConfig
+from clotho.sandbox.docker import backend as docker_backend
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.swe.examples import TOY_INSTANCES, build_toys
 from clotho.swe.instance import SweInstance, SweOptions
@@ -74,3 +75,43 @@ async def test_oracle_1_and_nop_0_in_shared_containers(cases: list[SweTrial]) ->
 
 def test_module_uses_the_toy_sources() -> None:
     assert Path(TOY_INSTANCES).is_file()
+
+
+async def test_workspace_upload_passes_the_fifo_folder_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree upload (a SWE workspace) goes through the bind-mounted FIFO folder, not the
+    archive API: what arrives is the tree with its modes, nothing is left in the folder,
+    and links the agent planted there (to a host file) are never followed by the host."""
+    victim = tmp_path / "victim"
+    victim.write_text("host file\n")
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (tree / "pkg" / "run.sh").chmod(0o755)
+    (tree / "README").write_text("hello\n")
+    async with SlotPool(PoolConfig(max_size=1)) as pool:
+        box = await pool.acquire(DockerSandboxConfig(workdir="/testbed"))
+        try:
+            io_dir = box.io_dir  # type: ignore[attr-defined]
+            assert io_dir is not None
+            before = {p.name for p in io_dir.iterdir()}
+            planted = await box.exec(
+                f"for i in $(seq 50); do ln -s {victim} /.clotho-io/upload-$i; done; "
+                f"ln -s {victim} /.clotho-io/upload-; echo ok"
+            )
+            assert planted.stdout.strip() == "ok"
+
+            async def no_archive_request(*_: object) -> None:
+                raise AssertionError("the upload used the archive API")
+
+            monkeypatch.setattr(docker_backend, "put_archive", no_archive_request)
+            await box.upload(tree, "/testbed")
+            ran = await box.exec("./pkg/run.sh && cat README && stat -c %a pkg/run.sh")
+            assert ran.stdout.split() == ["ran", "hello", "755"]
+            left = {p.name for p in io_dir.iterdir()} - before
+            assert all(name.startswith("upload-") and (io_dir / name).is_symlink() for name in left)
+            assert len(left) == 51
+        finally:
+            await pool.release(box)
+    assert victim.read_text() == "host file\n"

@@ -74,6 +74,7 @@ from clotho.sandbox.leases import (
 from clotho.sandbox.shell import PersistentShell, ShellChannel
 from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.state import make_state_dir, remove_state_dir
+from clotho.sandbox.transfer import XferDir
 
 if TYPE_CHECKING:
     from clotho.sandbox.docker.slots import SlotHost
@@ -201,6 +202,7 @@ class DockerSandbox(ShellBackedSandbox):
         self._docker = docker
         self._shell = shell
         self.io_dir: Path | None = None
+        self._io_xfer: XferDir | None = None  # uploads through io_dir (opened on first use)
         self._closed = False
         self._stopped = False
         self.limits = LimitWatch(
@@ -531,6 +533,8 @@ class DockerSandbox(ShellBackedSandbox):
         remote = self.resolve(remote)
         if not local.exists():
             raise FileNotFoundError(f"no such file or directory on the host: {local}")
+        if self.io_dir is not None and await self._upload_through_io_dir(local, remote):
+            return
         if local.is_dir():
             await self._mkdir(remote)
             await self._put(remote, await asyncio.to_thread(_tar_of, local, ""))
@@ -538,6 +542,39 @@ class DockerSandbox(ShellBackedSandbox):
             parent, name = posixpath.split(remote)
             await self._mkdir(parent)
             await self._put(parent, await asyncio.to_thread(_tar_of, local, name))
+
+    async def _upload_through_io_dir(self, local: Path, remote: str) -> bool:
+        """The same tar as the archive request's, put into the bind-mounted FIFO folder (a
+        local daemon) through a directory fd, one new name, never following a link
+        (`XferDir`), and unpacked by the shell: one shell command instead of a `mkdir` and
+        an archive request, for which the daemon mounts the container (about 60 ms). False
+        when the image has no `tar` (the caller uses the archive request)."""
+        assert self.io_dir is not None
+        if self._io_xfer is None:
+            self._io_xfer = XferDir(self.io_dir)
+        name = f"upload-{secrets.token_hex(8)}"
+        inner = f"{FIFO_MOUNT}/{name}"
+        if local.is_dir():
+            target, data = remote, await asyncio.to_thread(_tar_of, local, "")
+        else:
+            target, base = posixpath.split(remote)
+            data = await asyncio.to_thread(_tar_of, local, base)
+        q = shlex.quote(target)
+        try:
+            await self._io_xfer.write(name, data)
+            result = await self._limited(
+                self._shell.run(
+                    f"( command -v tar >/dev/null 2>&1 || exit 127\n"
+                    f"mkdir -p -- {q} && tar -x --no-same-owner -f {inner} -C {q}\n)"
+                )
+            )
+        finally:
+            await self._io_xfer.remove(name)
+        if result.exit_code == 127:
+            return False
+        if result.exit_code != 0:
+            raise OSError(f"cannot upload to {remote} in the container: {result.stderr.strip()}")
+        return True
 
     async def download(self, remote: str, local: Path, *, max_bytes: int = 4 << 30) -> None:
         """A file or tree from the container; the archive is written to a host file as it
@@ -556,6 +593,8 @@ class DockerSandbox(ShellBackedSandbox):
 
     async def _release(self) -> None:
         self.limits.close()
+        if self._io_xfer is not None:
+            self._io_xfer.close()
         try:
             await delete_container(self.container)
         finally:
