@@ -1,15 +1,20 @@
 """The command channel between the driver and a node's sandbox host (no Ray needed): only a
 client with the token is served, only sandbox calls travel on it, replies match requests
-when many are in flight, and a cancelled caller cancels the call on the host."""
+when many are in flight, and a cancelled caller cancels the call on the host; and how big
+files are packed for Ray."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import pickle
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from clotho.sandbox.ray.channel import ChannelClient, ChannelLost, ChannelServer
+from clotho.sandbox.ray.payload import out_of_band, pack, unpack
 
 
 class Handler:
@@ -72,3 +77,27 @@ async def test_a_server_that_goes_away_fails_the_calls_in_flight() -> None:
         await asyncio.wait_for(call, 10)
     assert client.lost
     await client.aclose()
+
+
+async def test_big_files_travel_out_of_band_and_unpack_from_a_view(tmp_path: Path) -> None:
+    """What keeps a 256 MiB upload off the driver's event loop (no Ray needed): the value put
+    into the object store pickles with its bytes out of band (an in-band copy is made with
+    the GIL held, stalling the loop even from a thread; `python -m
+    clotho.bench.ray_transfer_bench` measures it), and what arrives as a view of the store
+    unpacks, file or tree, without being made bytes again."""
+    data = os.urandom(4 << 20)
+    buffers: list[pickle.PickleBuffer] = []
+    in_band = pickle.dumps(("file", out_of_band(data)), protocol=5, buffer_callback=buffers.append)
+    assert len(in_band) < 1024 and len(buffers) == 1
+    assert bytes(pickle.loads(in_band, buffers=buffers)[1]) == data
+    assert len(pickle.dumps(("file", data), protocol=5)) > len(data), "bytes alone go in band"
+
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "blob").write_bytes(data)
+    (tmp_path / "tree" / "a.txt").write_text("a")
+    kind, tar = await pack(tmp_path / "tree")
+    await unpack((kind, memoryview(tar)), tmp_path / "back")
+    assert (tmp_path / "back" / "sub" / "blob").read_bytes() == data
+    assert (tmp_path / "back" / "a.txt").read_text() == "a"
+    await unpack(("file", memoryview(data)), tmp_path / "one")
+    assert (tmp_path / "one").read_bytes() == data

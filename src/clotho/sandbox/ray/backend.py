@@ -37,7 +37,7 @@ from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
 from clotho.sandbox.leases import SandboxRecord
 from clotho.sandbox.ray.channel import METHODS, ChannelClient, ChannelLost
 from clotho.sandbox.ray.host import RAY_HOSTNAME, RAY_NODE, SandboxHost
-from clotho.sandbox.ray.payload import pack
+from clotho.sandbox.ray.payload import out_of_band, pack
 from clotho.sandbox.ray.proxy import RaySandbox
 from clotho.sandbox.remote_config import RaySandboxConfig
 
@@ -293,12 +293,19 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
         return value
 
     async def as_value(self, value: Any) -> Any:
-        """`value` as a call argument: a big one is put in the object store first (in a
-        thread), so the call carries a reference."""
-        size = len(value[1]) if isinstance(value, tuple) else len(value)
-        if size <= PUT_ABOVE:
-            return value
-        return await asyncio.to_thread(_ray().put, value)
+        """`value` (bytes, or a payload) as a call argument: a big one is put in the object
+        store first, out of band and in a thread (`payload.out_of_band`: no GIL held for the
+        copy, so the event loop runs on), and the call carries a reference."""
+        if isinstance(value, tuple):
+            kind, data = value
+            if len(data) <= PUT_ABOVE:
+                return value
+            wrapped: Any = (kind, out_of_band(data))
+        else:
+            if len(value) <= PUT_ABOVE:
+                return value
+            wrapped = out_of_band(value)
+        return await asyncio.to_thread(_ray().put, wrapped)
 
     def forget(self, sandbox: RaySandbox) -> None:
         if sandbox in self._sandboxes:

@@ -30,7 +30,15 @@ from clotho.sandbox.backends import (
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.leases import SandboxRecord
 from clotho.sandbox.ray.channel import ChannelServer
-from clotho.sandbox.ray.payload import Payload, pack, remove_tree, unpack
+from clotho.sandbox.ray.payload import (
+    OUT_OF_BAND_ABOVE,
+    Blob,
+    Payload,
+    out_of_band,
+    pack,
+    remove_tree,
+    unpack,
+)
 
 Reply = tuple[str, Any]
 
@@ -179,8 +187,13 @@ class SandboxHost:
     async def read_file(self, sid: str, path: str, max_bytes: int) -> Reply:
         return await _reply(self._get(sid).read_file(path, max_bytes=max_bytes))
 
-    async def write_file(self, sid: str, path: str, data: bytes) -> Reply:
-        return await _reply(self._get(sid).write_file(path, data))
+    async def write_file(self, sid: str, path: str, data: Blob) -> Reply:
+        async def work() -> None:
+            # A big file arrives as a view of the object store; the sandbox takes bytes.
+            blob = data if isinstance(data, bytes) else await asyncio.to_thread(bytes, data)
+            await self._get(sid).write_file(path, blob)
+
+        return await _reply(work())
 
     async def upload(self, sid: str, payload: Payload, remote: str) -> Reply:
         async def work() -> None:
@@ -200,7 +213,9 @@ class SandboxHost:
             folder = Path(tempfile.mkdtemp(prefix="clotho-ray-down-"))
             try:
                 await sandbox.download(remote, folder / "x")
-                return await pack(folder / "x")
+                kind, data = await pack(folder / "x")
+                # Big ones out of band: the driver receives them without holding the GIL.
+                return (kind, out_of_band(data)) if len(data) > OUT_OF_BAND_ABOVE else (kind, data)
             finally:
                 await remove_tree(folder)
 
