@@ -258,6 +258,7 @@ def test_arguments_objects_become_text_and_bad_json_stays_as_written() -> None:
         (lambda m: m[3].update(tool_call_id="zzz"), "no open call"),
         (lambda m: m[5]["tool_calls"][0].update(id="a"), "repeats"),
         (lambda m: m.insert(1, {"role": "developer", "content": "x"}), "role"),
+        (lambda m: m[3].update(tool_call_id=["a", "b"]), "no open call"),  # not a string
     ],
 )
 def test_malformed_conversations_are_counted_not_written(
@@ -287,6 +288,19 @@ def test_filters_reward_errors_and_all() -> None:
     assert rejection(errored, SftOptions(min_reward=0, errors=frozenset({"infra"}))) is not None
     assert rejection(limit, SftOptions(min_reward=0, errors=frozenset({"limit"}))) is None
     assert rejection(nop, SftOptions(keep_all=True)) == "no model turn"
+    nan = trajectory(reward=float("nan"), passed=False)  # a groups file can carry NaN
+    assert rejection(nan, SftOptions(min_reward=0.5)) == "reward below --sft-min-reward"
+    assert rejection(trajectory(messages=[]), SftOptions(keep_all=True)).startswith("no messages")
+
+
+def test_arguments_nested_too_deep_are_not_a_crash(tmp_path: Path) -> None:
+    messages = conversation()
+    messages[2]["tool_calls"][0]["function"]["arguments"] = "[" * 100_000
+    out = tmp_path / "sft.jsonl"
+    stats = export_sft(
+        [trajectory(messages=messages)], out, SftOptions(format="sharegpt", keep_all=True)
+    )
+    assert stats.kept == 1  # the arguments stay text, as the model wrote them
 
 
 def test_dedup_ignores_made_up_call_ids_but_not_content(tmp_path: Path) -> None:
@@ -660,3 +674,15 @@ def test_interrupted_process_leaves_a_whole_sft_file(tmp_path: Path) -> None:
     for line in lines:
         check_chat(line)
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_a_process_run_that_never_started_keeps_the_old_sft_file(tmp_path: Path) -> None:
+    old = tmp_path / "sft.jsonl"
+    old.write_text('{"messages": []}\n')
+    proc = clotho(
+        "process", "terminal_tasks", "--set", f"tasks=[{tmp_path / 'missing'}]",
+        "--tokenizer", str(QWEN_DIR), "--sft-out", str(old), "--out", str(tmp_path / "g.jsonl"),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert old.read_text() == '{"messages": []}\n'
+    assert not list(tmp_path.glob(".*partial*"))

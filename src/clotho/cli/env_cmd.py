@@ -141,8 +141,10 @@ def process_command(
             written.append(group)
             console.print(f"  group {len(written)}: scores {group.scores}")
 
+        started = False  # a run that never produced leaves an earlier SFT file alone
         try:
             await environment.setup()
+            started = True
             await produce_groups(
                 environment, sink, concurrency=concurrency, n_groups=n_groups, on_group=shown
             )
@@ -150,7 +152,10 @@ def process_command(
             await sink.aclose()
             await environment.close()
             if exporter is not None and sft_out is not None:
-                print_sft(console, sft_out, await asyncio.to_thread(exporter.commit))
+                if started:
+                    print_sft(console, sft_out, await asyncio.to_thread(exporter.commit))
+                else:
+                    exporter.abort()
             write_groups_report(out, out.with_suffix(".html"), environment.stats)
             if wandb:
                 from clotho.runs.tracking import track_groups

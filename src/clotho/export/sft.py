@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -149,12 +150,15 @@ def rejection(trajectory: Trajectory, options: SftOptions) -> str | None:
     error = trajectory.error
     if error is not None and error.kind not in options.errors:
         return f"{error.kind} error"
+    if not trajectory.messages:
+        return "no messages (a group with tokens only)"
     if not any(m.get("role") == "assistant" for m in trajectory.messages):
         return "no model turn"
     if options.keep_all:
         return None
     if options.min_reward is not None:
-        if trajectory.reward is None or trajectory.reward < options.min_reward:
+        reward = trajectory.reward
+        if reward is None or not math.isfinite(reward) or reward < options.min_reward:
             return "reward below --sft-min-reward"
         return None
     return None if trajectory.passed else "not passed"
@@ -229,7 +233,7 @@ def normalize_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any
                 clean["reasoning_content"] = reasoning
         elif role == "tool":
             call_id = message.get("tool_call_id")
-            if call_id not in pending:
+            if not isinstance(call_id, str) or call_id not in pending:
                 raise SftConversionError(
                     f"{where}: tool message answers {call_id!r}, which no open call has"
                 )
@@ -276,7 +280,7 @@ def _call_value(call: dict[str, Any]) -> dict[str, Any]:
     raw = call["function"]["arguments"]
     try:
         arguments: Any = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # also: nesting too deep to parse
         arguments = raw
     if not isinstance(arguments, dict):
         arguments = raw

@@ -111,7 +111,10 @@ def trajectories_of_group(group: ScoredGroup, index: int) -> Iterator[Trajectory
     them so); they become one trajectory with several sequences. A row passes when its
     score reaches 1.0, the rollouts' default pass threshold. Tools are not in a group."""
     messages = group.messages or []
-    if len(messages) != group.size:
+    if len(messages) != group.size:  # tokens only (messages are optional on the wire)
+        for score in group.scores:
+            yield Trajectory(messages=[], reward=score, passed=score >= PASS_REWARD,
+                             source="groups", task=f"group {index}")  # fmt: skip
         return
     rows: list[tuple[list[dict[str, Any]], float, list[TokenSequence]]] = []
     for conversation, tokens, masks, score in zip(

@@ -137,7 +137,15 @@ class SftExporter:
             records = build_records(
                 trajectory, self.options, self.tokenizer, messages=messages, key=key
             )
-        except (SftConversionError, ChatTemplateError) as exc:
+        # A hostile or broken trajectory (wrong types, nesting too deep) is not convertible:
+        # counted, never the end of the export or of the run feeding it.
+        except (
+            SftConversionError,
+            ChatTemplateError,
+            TypeError,
+            ValueError,
+            RecursionError,
+        ) as exc:
             with self._lock:
                 self._skipped["not convertible"] += 1
                 if self._first_failure is None:
