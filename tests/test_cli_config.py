@@ -63,3 +63,18 @@ def test_llm_agent_without_a_model_means_the_embedded_one() -> None:
     assert flags.model is not None and flags.model.model == "SmolLM2-135M-Instruct"
     with pytest.raises(ValueError, match="api"):
         EvalConfig.model_validate({"paths": ["x"], "model": {"api": "tgi"}})
+
+
+def test_ray_wraps_the_environments_sandbox_for_process_and_serve() -> None:
+    """`clotho process|serve|evaluate --ray ADDRESS` (the config only: no cluster needed)."""
+    from clotho.cli.env_options import build_environment
+
+    env = build_environment(
+        "terminal_test", None, ["sandbox.backend=docker"], None, None, None, None,
+        ray="ray://127.0.0.1:10001",
+    )  # fmt: skip
+    sandbox = env.config.sandbox
+    assert sandbox.backend == "ray" and sandbox.address == "ray://127.0.0.1:10001"
+    assert sandbox.inner.backend == "docker"
+    plain = build_environment("terminal_test", None, None, None, None, None, None, ray="auto")
+    assert plain.config.sandbox.backend == "ray" and plain.config.sandbox.inner.backend == "local"

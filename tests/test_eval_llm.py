@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from tests.conftest import requires_bwrap
 from tests.scripted_openai import HTTPError, ScriptedOpenAIServer, assistant, tool_call
 from tests.test_eval_cli import clotho, results
@@ -49,7 +50,10 @@ def test_llm_agent_solves_a_task_through_tools(make_task, tmp_path: Path) -> Non
     assert detail["agent_result"]["messages"][2]["content"] == "Let me check."
 
 
-def test_model_outage_is_an_infra_error_not_a_failure(make_task, tmp_path: Path) -> None:
+@pytest.mark.parametrize("retries", [None, 0])
+def test_model_outage_is_an_infra_error_not_a_failure(
+    make_task, tmp_path: Path, retries: int | None
+) -> None:
     make_task("a")
     make_task("b")
     out = tmp_path / "run"
@@ -57,6 +61,7 @@ def test_model_outage_is_an_infra_error_not_a_failure(make_task, tmp_path: Path)
         proc = clotho(
             "eval", str(tmp_path / "tasks"), "--agent", "llm", "--model", "m", "--base-url", server.base_url,
             "--set", "model.max_retries=1", "--set", "model.backoff_initial_s=0.01", "--out", str(out),
+            *(["--retries", str(retries)] if retries is not None else []),
         )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = results(out)
@@ -68,4 +73,8 @@ def test_model_outage_is_an_infra_error_not_a_failure(make_task, tmp_path: Path)
         and metrics["n_scored"] == 0
         and metrics["errors"] == {"infra": 2}
     )
-    assert len(server.requests) == 4  # two attempts per task: no more, no less
+    # Two requests per try (model.max_retries=1); per task, the first try and the in-run
+    # retries of an infra error (default 2). No more, no less.
+    tries = 1 + (2 if retries is None else retries)
+    assert len(server.requests) == 2 * tries * 2
+    assert all(len(r["lost_tries"]) == tries - 1 for r in rows)

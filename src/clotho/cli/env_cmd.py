@@ -17,6 +17,7 @@ from clotho.cli.env_options import (
     EnvArg,
     GroupOpt,
     ModelOpt,
+    RayOpt,
     SetOpt,
     TokenizerOpt,
     WandbOpt,
@@ -89,6 +90,7 @@ def process_command(
         int | None, typer.Option(min=1, help="items used, and groups produced at most")
     ] = None,
     wandb: WandbOpt = None,
+    ray: RayOpt = None,
     sft_out: SftOutOpt = None,
     sft_format: SftFormatOpt = "chat",
     sft_min_reward: SftMinRewardOpt = None,
@@ -132,7 +134,9 @@ def process_command(
     out = out or Path("runs") / f"process-{Path(env).stem}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
 
     async def main() -> None:
-        environment = build_environment(env, config, sets, model, base_url, group_size, tokenizer)
+        environment = build_environment(
+            env, config, sets, model, base_url, group_size, tokenizer, ray=ray
+        )
         exporter = await _sft_exporter(environment, sft_out, sft)
         sink = JsonlSink(out)
         written: list[ScoredGroup] = []
@@ -201,13 +205,16 @@ def evaluate_command(
     base_url: BaseUrlOpt = None,
     tokenizer: TokenizerOpt = None,
     wandb: WandbOpt = None,
+    ray: RayOpt = None,
 ) -> None:
     """Run the environment's evaluate() and write metrics and samples into a run directory."""
     from clotho.cli.eval_cmd import print_report
     from clotho.runs.env_eval import write_evaluation
 
     async def main() -> None:
-        environment = build_environment(env, config, set_, model, base_url, None, tokenizer)
+        environment = build_environment(
+            env, config, set_, model, base_url, None, tokenizer, ray=ray
+        )
         try:
             await environment.setup()
             samples = await environment.evaluate()

@@ -75,6 +75,12 @@ class _Live:
             self.progress.update(
                 self.task_id, advance=1, rate=f"{rate} ({self.errors} unscored errors)"
             )
+        elif event == "trial_retry":  # the lost try; its retry ends with trial_end
+            assert isinstance(data, TrialRecord)
+            message = data.error.message[:200] if data.error else ""
+            self.progress.console.print(
+                f"  [yellow]retrying[/] {escape(data.task)} #{data.attempt} — {escape(message)}"
+            )
         elif event == "task_error":
             assert isinstance(data, TrialRecord)
             if data.attempt == 0 and data.error is not None:
@@ -84,7 +90,7 @@ class _Live:
 
 
 # What a resumed run may change: how fast it goes, never what it measures.
-RESUMABLE_CHANGES = {"concurrency", "prewarm", "force_build"}
+RESUMABLE_CHANGES = {"concurrency", "prewarm", "force_build", "retries", "retry_budget"}
 
 
 def _resumed(out: Path | None, given: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +212,20 @@ def eval_command(
     attempts: Annotated[
         int | None, typer.Option(help="attempts per task, for pass@k (default: 1)")
     ] = None,
+    retries: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="run an attempt lost to an infra error (a lost node, a broken backend, a "
+            "model outage) again within the run, up to N times (default: 2)",
+        ),
+    ] = None,
+    retry_budget: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="retries in the whole run (default: max(2 x concurrency, attempts / 4))"
+        ),
+    ] = None,
     task_timeout: Annotated[
         float | None, typer.Option(help="wall-clock seconds per attempt, agent + verification")
     ] = None,
@@ -264,6 +284,8 @@ def eval_command(
             "agent": agent,
             "concurrency": concurrency,
             "attempts": attempts,
+            "retries": retries,
+            "retry_budget": retry_budget,
             "task_timeout_s": task_timeout,
             "max_turns": max_turns,
             "filter": _split(filter) or None,

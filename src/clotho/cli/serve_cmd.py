@@ -17,6 +17,7 @@ from clotho.cli.env_options import (
     EnvArg,
     GroupOpt,
     ModelOpt,
+    RayOpt,
     SetOpt,
     TokenizerOpt,
     WandbOpt,
@@ -115,6 +116,7 @@ def serve_command(
     group_size: GroupOpt = None,
     tokenizer: TokenizerOpt = None,
     wandb: WandbOpt = None,
+    ray: RayOpt = None,
 ) -> None:
     """Produce groups for a trainer through the trajectory API, until it reaches total-steps."""
     from clotho.env.checkpoint import StateDir
@@ -133,7 +135,9 @@ def serve_command(
     folder = state_dir or Path("runs") / f"serve-{Path(env).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     async def main() -> None:
-        environment = build_environment(env, config, sets, model, base_url, group_size, tokenizer)
+        environment = build_environment(
+            env, config, sets, model, base_url, group_size, tokenizer, ray=ray
+        )
         tracker = None
         if wandb:
             from clotho.runs.tracking import GroupTracker
