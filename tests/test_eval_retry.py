@@ -141,7 +141,7 @@ class _HealthProbe:
         self.asked = 0
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        async def healthy(backend: LocalBackend) -> bool:
+        async def healthy(backend: LocalBackend, sandbox: object = None) -> bool:
             self.asked += 1
             return not self.down
 

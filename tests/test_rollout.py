@@ -113,6 +113,28 @@ async def test_each_phase_failure_has_its_kind_and_is_never_a_reward(
     assert outcome.reward is None and not outcome.passed and not outcome.valid
 
 
+@pytest.mark.parametrize(("host_alive", "kind"), [(True, "agent"), (False, "infra")])
+async def test_a_broken_sandbox_is_judged_by_its_own_host(
+    monkeypatch: pytest.MonkeyPatch, host_alive: bool, kind: str
+) -> None:
+    """A cluster that lost some node reports itself unhealthy for a while; a sandbox the
+    agent broke on a node that is alive is still the agent's failure. The health probe is a
+    TEST DOUBLE (the local backend has no node to lose); the sandbox and the agent are real."""
+    from clotho.sandbox.backends import LocalBackend
+
+    asked: list[object] = []
+
+    async def healthy(backend: LocalBackend, sandbox: object = None) -> bool:
+        asked.append(sandbox)
+        return host_alive if sandbox is not None else False  # "a node was lost elsewhere"
+
+    monkeypatch.setattr(LocalBackend, "healthy", healthy)
+    async with SlotPool() as pool:
+        outcome = await run_rollout(_spec(WritesFile(SandboxError("shell died"))), pool)
+    assert outcome.error is not None and outcome.error.kind == kind, outcome.error
+    assert asked and all(isinstance(s, Sandbox) for s in asked)
+
+
 async def test_the_wall_clock_limit_is_the_agents_failure_and_counts() -> None:
     async with SlotPool() as pool:
         outcome = await run_rollout(_spec(WritesFile(sleep_s=30), timeout_s=0.5), pool)

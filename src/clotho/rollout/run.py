@@ -66,11 +66,12 @@ async def run_rollout(spec: RolloutSpec, pool: SlotPool) -> RolloutOutcome:
     Cancellation (Ctrl-C) propagates after the sandbox is released.
     """
     outcome = RolloutOutcome()
+    held: list[Sandbox] = []  # the sandbox, once acquired: whose host's health decides
     started = time.perf_counter()
     deadline = asyncio.timeout(spec.timeout_s)
     try:
         async with deadline:
-            await _phases(spec, pool, outcome)
+            await _phases(spec, pool, outcome, held)
     except TimeoutError as exc:
         if not deadline.expired():
             outcome.error = _error(exc, outcome.phase)
@@ -80,7 +81,7 @@ async def run_rollout(spec: RolloutSpec, pool: SlotPool) -> RolloutOutcome:
                 message=f"wall-clock limit of {spec.timeout_s:g} s reached during {outcome.phase}",
             )
     except SandboxError as exc:
-        outcome.error = await _sandbox_error(exc, outcome.phase, spec, pool)
+        outcome.error = await _sandbox_error(exc, outcome.phase, spec, pool, held)
     except Exception as exc:
         outcome.error = _error(exc, outcome.phase)
     if outcome.verifier is not None and outcome.error is None:
@@ -92,12 +93,14 @@ async def run_rollout(spec: RolloutSpec, pool: SlotPool) -> RolloutOutcome:
 
 
 async def _sandbox_error(
-    exc: SandboxError, phase: Phase, spec: RolloutSpec, pool: SlotPool
+    exc: SandboxError, phase: Phase, spec: RolloutSpec, pool: SlotPool, held: list[Sandbox]
 ) -> ErrorInfo:
     if (
         phase not in ("agent", "verify")
         or exc.host_failure  # the backend proved its host failed
-        or not await pool.backend_healthy(spec.sandbox)
+        # the sandbox's own host when the backend can tell (a node lost elsewhere in the
+        # cluster does not excuse a sandbox the agent broke on a healthy one)
+        or not await pool.backend_healthy(spec.sandbox, held[0] if held else None)
     ):
         return ErrorInfo.of(exc)
     return ErrorInfo(
@@ -130,9 +133,12 @@ class _Clock:
         self.last = now
 
 
-async def _phases(spec: RolloutSpec, pool: SlotPool, outcome: RolloutOutcome) -> None:
+async def _phases(
+    spec: RolloutSpec, pool: SlotPool, outcome: RolloutOutcome, held: list[Sandbox]
+) -> None:
     clock = _Clock(outcome)
     sandbox = await pool.acquire(spec.sandbox, labels=spec.labels)
+    held.append(sandbox)
     clock.mark("acquire_s")
     try:
         outcome.phase = "setup"

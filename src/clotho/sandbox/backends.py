@@ -130,9 +130,10 @@ class SandboxBackend(abc.ABC, Generic[ConfigT]):
     async def aclose(self) -> None:  # a backend holding nothing has nothing to do
         """Release what the backend holds (clients, shared containers). Idempotent."""
 
-    async def healthy(self) -> bool:
-        """Whether the backend itself works (its daemon answers). A sandbox that broke while
-        its backend is healthy broke because of what ran in it: the agent's failure."""
+    async def healthy(self, sandbox: Sandbox | None = None) -> bool:
+        """Whether the backend itself works (its daemon answers), or, given `sandbox`, the
+        part of it that runs that sandbox (a cluster node). A sandbox that broke while its
+        backend is healthy broke because of what ran in it: the agent's failure."""
         return True
 
 

@@ -136,10 +136,11 @@ class SlotPool:
             self._spawn(self._reap_orphans(backend))
         return backend
 
-    async def backend_healthy(self, config: SandboxConfig) -> bool:
-        """Whether the backend serving `config` works: what proves a failure the harness's."""
+    async def backend_healthy(self, config: SandboxConfig, sandbox: Sandbox | None = None) -> bool:
+        """Whether the backend serving `config` works (for `sandbox`, where it runs): what
+        proves a failure the harness's."""
         await import_backend(config)
-        return await self._backend(config).healthy()
+        return await self._backend(config).healthy(sandbox)
 
     async def _open(self, config: SandboxConfig, labels: dict[str, str]) -> Sandbox:
         await import_backend(config)

@@ -629,7 +629,7 @@ class DockerBackend(SandboxBackend[DockerSandboxConfig]):
             self._client = docker_client(self.url)
         return self._client
 
-    async def healthy(self) -> bool:
+    async def healthy(self, sandbox: Sandbox | None = None) -> bool:
         """The daemon answers within 10 s."""
         try:
             async with asyncio.timeout(10):

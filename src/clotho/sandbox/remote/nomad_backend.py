@@ -152,7 +152,7 @@ class Allocation:
         self._backend = backend
         self._http = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"})
 
-    async def healthy(self) -> bool:
+    async def healthy(self, sandbox: Sandbox | None = None) -> bool:
         try:
             response = await self._http.get("/health", timeout=5)
         except httpx.HTTPError:
@@ -295,7 +295,7 @@ class NomadBackend(SandboxBackend[NomadSandboxConfig]):
     async def remove(self, record: SandboxRecord) -> None:
         """Allocations go with the job: `aclose` deregisters it."""
 
-    async def healthy(self) -> bool:
+    async def healthy(self, sandbox: Sandbox | None = None) -> bool:
         try:
             await self.api.allocations(self.config.job_id)
         except SandboxError:
