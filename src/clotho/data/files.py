@@ -19,7 +19,9 @@ from clotho.data.record import Record
 from clotho.errors import ConfigError, TaskError
 
 # One JSONL line, and a whole .json file, are parsed in memory: past these caps the line (or
-# file) is an error, never an out-of-memory. TB2 rows carry base64 archives, hence the size.
+# file) is an error. Within them memory is bounded, not small: text costs about its size,
+# a line of many small numbers several times more. TB2 rows carry base64 archives, hence
+# the sizes; for bigger sets use JSONL with small lines or Parquet.
 MAX_LINE_BYTES = 512 * 1024**2
 MAX_JSON_BYTES = 1024**3
 # A .json object whose list under one of these keys holds the records.
