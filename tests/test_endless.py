@@ -23,12 +23,29 @@ from tests.scripted_openai import HTTPError, RawBody, ScriptedOpenAIServer, assi
 
 from clotho.chat.client import ChatClient, ModelConfig
 from clotho.env.registry import load_environment
+from clotho.envs import endless, endless_build
 from clotho.envs.endless import EndlessConfig, EndlessEnv
-from clotho.envs.endless_build import Soundness, verifier_script
-from clotho.envs.endless_spec import GenerationLimits, Rejected, parse_reply
+from clotho.envs.endless_build import (
+    BuildSettings,
+    Soundness,
+    check_members,
+    unpack_workspace,
+    verifier_script,
+    write_task_dir,
+)
+from clotho.envs.endless_spec import (
+    MAX_DECODE_ATTEMPTS,
+    GeneratedTask,
+    GenerationLimits,
+    Rejected,
+    after_thinking,
+    fenced_blocks,
+    parse_reply,
+)
 from clotho.errors import ConfigError, ErrorInfo, InfraError, ModelError, TaskError
 from clotho.rollout import RolloutOutcome
-from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.config import DockerSandboxConfig, UnsafeLocalSandboxConfig
+from clotho.tasks.harbor import load_task
 
 pytestmark = requires_bwrap
 
@@ -93,6 +110,7 @@ def make_env(
     generator: ScriptedOpenAIServer, agent: ScriptedOpenAIServer, **config: Any
 ) -> EndlessEnv:
     agent_config = model_config(agent)
+    config.setdefault("generate_ahead", 0)  # one generation per request: countable
     env_config = EndlessConfig(
         model=agent_config, generator_model=model_config(generator), **config
     )
@@ -411,7 +429,7 @@ async def test_saved_tasks_are_an_evaluation_set(tmp_path: Path) -> None:
             await env.setup()
             await env.get_next_item()
             await env.get_next_item()
-            with pytest.raises(NotImplementedError, match="eval_tasks"):
+            with pytest.raises(ConfigError, match="no evaluation set: give eval_tasks"):
                 await env.evaluate()
         finally:
             await env.close()
@@ -471,7 +489,10 @@ async def test_without_a_generator_model_the_environments_model_writes_the_tasks
     the embedded one, as `_require_model` builds it) is asked for the task."""
     with ScriptedOpenAIServer([reply(GOOD)], default=agent_model(nop_every=0)) as model:
         config = model_config(model)
-        env = EndlessEnv(EndlessConfig(model=config, group_size=1, min_valid_rollouts=1))
+        env_config = EndlessConfig(
+            model=config, group_size=1, min_valid_rollouts=1, generate_ahead=0
+        )  # one server for both: no generation may run during the rollout
+        env = EndlessEnv(env_config)
         try:
             await env.setup()
             group, _ = await env.collect_group(await env.get_next_item())
@@ -521,3 +542,377 @@ async def test_clotho_process_endless_saves_its_tasks(tmp_path: Path) -> None:
     assert sorted(group["scores"]) == [0.0, 1.0]
     (task,) = [p for p in saved.iterdir() if p.is_dir()]
     assert (task / "instruction.md").is_file() and (task / "tests" / "test.sh").is_file()
+
+
+# -- review findings: hostile replies, generation ahead, fresh runs, workspaces, TOML --------
+
+
+class CountingStr(str):
+    """A reply that counts the searches made in it (not its slices: those are plain str)."""
+
+    def __new__(cls, text: str) -> CountingStr:
+        made = super().__new__(cls, text)
+        made.searches = []  # type: ignore[attr-defined]
+        return made
+
+    def find(self, sub: Any, *args: Any) -> int:  # type: ignore[override]
+        self.searches.append(("find", sub, *args))  # type: ignore[attr-defined]
+        return super().find(sub, *args)
+
+    def rfind(self, sub: Any, *args: Any) -> int:  # type: ignore[override]
+        self.searches.append(("rfind", sub, *args))  # type: ignore[attr-defined]
+        return super().rfind(sub, *args)
+
+
+def test_thinking_is_cut_with_one_search_from_the_end() -> None:
+    """`<think>` repeated (no closing tag) made the lazy regex rescan the rest of the reply
+    from every opening: 16 s at 140k characters. Now one reverse search."""
+    body = json.dumps(GOOD)
+    hostile = CountingStr("<think>" * 50_000 + body)
+    assert after_thinking(hostile) == hostile  # no closing tag: nothing is cut
+    assert hostile.searches == [("rfind", "</think>")]  # type: ignore[attr-defined]
+    text = f"<think>a</think>x<think>{{b}}</think>{body}"
+    assert after_thinking(text) == body
+    assert parse_reply("<think>" * 50_000 + body, GenerationLimits()).name == GOOD["name"]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["```\na" * 20_000, "```" * 100_000, "```json\n" + "x\n```" * 30_000, "``` " * 80_000],
+)
+def test_fences_are_paired_in_one_pass(hostile: str) -> None:
+    """Each search starts past the previous one (no rescanning): linear in the reply."""
+    text = CountingStr(hostile)
+    fenced_blocks(text)
+    starts = [args[2] if len(args) > 2 else 0 for args in text.searches]  # type: ignore[attr-defined]
+    assert starts == sorted(starts), "a search went back"
+    assert len(starts) <= 2 * (hostile.count("`") // 3) + 2
+
+
+def test_fenced_blocks_are_read_in_order() -> None:
+    text = "a```json\n{1}\n```b``` x\n```\nsecond\n```tail```\nunclosed"
+    assert fenced_blocks(text) == ["{1}", "second"]
+    assert fenced_blocks("x```json\n{1}\n```y```\n\n{2}\n```") == ["{1}", "{2}"]
+    assert fenced_blocks("```python\nprint()\n```") == []  # only json or untagged fences
+    assert fenced_blocks("```\nnever closed") == []
+
+
+@pytest.mark.parametrize(
+    "hostile", ['{"":' * 99_999, "```\n" + '{"":' * 99_000 + "\n```", "{" * 399_000]
+)
+def test_json_decoding_is_tried_a_bounded_number_of_times(
+    hostile: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode at every `{` of `{"":` repeated took 4 s; at most MAX_DECODE_ATTEMPTS now."""
+    attempts = []
+    original = json.JSONDecoder.raw_decode
+
+    def counting(self: json.JSONDecoder, s: str, idx: int = 0) -> Any:
+        attempts.append(idx)
+        return original(self, s, idx)
+
+    monkeypatch.setattr(json.JSONDecoder, "raw_decode", counting)
+    with pytest.raises(Rejected) as caught:
+        parse_reply(hostile, GenerationLimits())
+    assert caught.value.reason == "unparseable"
+    assert 0 < len(attempts) <= MAX_DECODE_ATTEMPTS
+    # a task after a little garbage is still found
+    attempts.clear()
+    assert parse_reply("{x} {y} " + json.dumps(GOOD), GenerationLimits()).name == GOOD["name"]
+    assert len(attempts) == 3
+
+
+def test_a_lone_surrogate_is_an_invalid_task_not_a_crash() -> None:
+    text = json.dumps(variant(instruction="count \ud83d lines"), ensure_ascii=True)
+    with pytest.raises(Rejected, match="unicode string") as caught:
+        parse_reply(text, GenerationLimits())
+    assert caught.value.reason == "invalid"
+
+
+def test_task_toml_keeps_an_emoji_category_quotes_and_control_characters(tmp_path: Path) -> None:
+    """json.dumps wrote an emoji as a surrogate pair escape, which TOML rejects: the sound
+    task was discarded as invalid."""
+    task = GeneratedTask.model_validate(
+        variant(category="🐍 python", difficulty='so "hard"\\ \x01\t\n\x7f')
+    )
+    settings = BuildSettings(
+        setup_timeout_s=1, test_timeout_s=1, solution_timeout_s=1, agent_timeout_s=1,
+        max_workspace_bytes=1,
+    )  # fmt: skip
+    write_task_dir(task, tmp_path / "t", settings)
+    (tmp_path / "t" / "environment").mkdir()
+    loaded = load_task(tmp_path / "t")
+    assert loaded.category == "🐍 python"
+    assert loaded.config.metadata.difficulty == 'so "hard"\\ \x01\t\n\x7f'
+
+
+def _on_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def test_the_reply_and_the_workspace_are_read_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """parse_reply (up to 400k characters of untrusted text) and the base64 decoding of the
+    workspace (up to 16 MiB) run in threads, not on the loop that serves every rollout."""
+    where: dict[str, list[bool]] = {"parse": [], "decode": []}
+    parse, decode = endless.parse_reply, endless_build.base64.b64decode
+
+    def watched_parse(*args: Any) -> Any:
+        where["parse"].append(_on_loop())
+        return parse(*args)
+
+    def watched_decode(*args: Any, **kwargs: Any) -> Any:
+        where["decode"].append(_on_loop())
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(endless, "parse_reply", watched_parse)
+    monkeypatch.setattr(endless_build.base64, "b64decode", watched_decode)
+    with ScriptedOpenAIServer([reply(GOOD)]) as generator, ScriptedOpenAIServer() as agent:
+        env = make_env(generator, agent)
+        try:
+            await env.setup()
+            await env.get_next_item()
+        finally:
+            await env.close()
+    assert where["parse"] == [False]
+    assert where["decode"] and not any(where["decode"])
+
+
+def numbered(n: int) -> dict[str, Any]:
+    return variant(name=f"task {n}", tests=f"grep -qx {n} /app/n.txt", solution=f"echo {n} > n.txt")
+
+
+async def test_tasks_are_generated_ahead_by_max_num_workers_generations_at_once() -> None:
+    """The driver takes items one at a time, so generating on demand meant one generation at
+    a time. With two workers, two generations are in flight together: the first two
+    requests meet at a barrier in the server before either is answered (serially, the first
+    would wait for the second until the barrier breaks)."""
+    import threading
+
+    meeting = threading.Barrier(2, timeout=120)
+    met: list[bool] = []
+    count = {"n": 0}
+    lock = threading.Lock()
+
+    def answer(body: dict[str, Any]) -> Any:
+        with lock:
+            count["n"] += 1
+            n = count["n"]
+        if n > 2:
+            return HTTPError(503)  # later generations: not needed here
+        try:
+            meeting.wait()
+            met.append(True)
+        except threading.BrokenBarrierError:
+            met.append(False)
+        return reply(numbered(n))
+
+    with ScriptedOpenAIServer(default=answer) as generator, ScriptedOpenAIServer() as agent:
+        env = make_env(generator, agent, max_num_workers=2, generate_ahead=None)
+        try:
+            await env.setup()
+            first = await env.get_next_item()
+            second = await env.get_next_item()
+        finally:
+            await env.close()
+    assert met == [True, True]
+    assert first.name != second.name
+    assert {first.name.split("-")[1], second.name.split("-")[1]} == {"1", "2"}
+
+
+async def test_a_generation_that_gives_up_ahead_surfaces_its_error() -> None:
+    with (
+        ScriptedOpenAIServer(default=reply(WRONG_SOLUTION)) as generator,
+        ScriptedOpenAIServer() as agent,
+    ):
+        env = make_env(generator, agent, max_generation_attempts=2, generate_ahead=None)
+        try:
+            await env.setup()
+            with pytest.raises(TaskError, match="no sound task in 2 attempts"):
+                await env.get_next_item()
+            with pytest.raises(TaskError, match="no sound task in 2 attempts"):
+                await env.get_next_item()
+        finally:
+            await env.close()
+    assert env._producers == set()  # close() stopped the generations still running
+
+
+async def test_a_fresh_run_generates_instead_of_replaying_an_earlier_runs_items(
+    tmp_path: Path,
+) -> None:
+    """The item record in save_tasks is tagged with its run: a new run (no load_state_dict)
+    appends its own items; resuming it serves its items, not the earlier run's."""
+    saved = tmp_path / "saved"
+    with (
+        ScriptedOpenAIServer([reply(numbered(1)), reply(numbered(2))]) as generator,
+        ScriptedOpenAIServer() as agent,
+    ):
+        env = make_env(generator, agent, save_tasks=str(saved))
+        try:
+            await env.setup()
+            earlier = [(await env.get_next_item()).name for _ in range(2)]
+        finally:
+            await env.close()
+    with ScriptedOpenAIServer([reply(numbered(3))]) as generator, ScriptedOpenAIServer() as agent:
+        env = make_env(generator, agent, save_tasks=str(saved))
+        try:
+            await env.setup()
+            start = env.state_dict()
+            fresh = (await env.get_next_item()).name
+            assert len(generator.requests) == 1  # generated, not item 0 of the earlier run
+        finally:
+            await env.close()
+    assert fresh not in earlier and fresh.startswith("task-3-")
+    with ScriptedOpenAIServer() as generator, ScriptedOpenAIServer() as agent:
+        env = make_env(generator, agent, save_tasks=str(saved))
+        try:
+            await env.setup()
+            env.load_state_dict(start)
+            assert (await env.get_next_item()).name == fresh
+        finally:
+            await env.close()
+        assert not generator.requests
+    records = [
+        json.loads(line) for line in (saved / ".endless-items.jsonl").read_text().splitlines()
+    ]
+    assert [r["item"] for r in records] == [0, 1, 0]
+    assert len({r["run"] for r in records}) == 2
+
+
+async def test_unsafe_local_and_an_evaluation_without_tasks_are_refused_in_setup() -> None:
+    with ScriptedOpenAIServer() as generator, ScriptedOpenAIServer() as agent:
+        env = make_env(generator, agent, sandbox=UnsafeLocalSandboxConfig())
+        with pytest.raises(ConfigError, match="not unsafe-local"):
+            await env.setup()
+        await env.close()
+        env = make_env(generator, agent, steps_per_eval=10)
+        with pytest.raises(ConfigError, match="no evaluation set: give eval_tasks"):
+            await env.setup()
+        await env.close()
+        assert not generator.requests
+
+
+async def test_setups_that_leave_links_out_or_special_files_are_rejected(tmp_path: Path) -> None:
+    """Each is rejected as invalid by the member checks (the data filter alone called them
+    setup failures), and nothing is written outside the task folder. The chained link is
+    inside by name (b/c/../..) but outside for real (b/c -> ../x): the check after unpacking
+    resolves it."""
+    script = [
+        reply(variant(name="abs-link", setup="ln -s /etc/passwd x")),
+        reply(variant(name="up-link", setup="ln -s .. up")),
+        reply(variant(name="fifo", setup="mkfifo f")),
+        reply(variant(name="chain", setup="mkdir b && ln -s ../x b/c && ln -s b/c/../.. esc")),
+        reply(GOOD),
+    ]
+    saved = tmp_path / "saved"
+    with ScriptedOpenAIServer(script) as generator, ScriptedOpenAIServer() as agent:
+        env = make_env(generator, agent, save_tasks=str(saved), max_generation_attempts=5)
+        try:
+            await env.setup()
+            task = await env.get_next_item()
+        finally:
+            await env.close()
+    assert env.stats.discarded == {"invalid": 4}, env.stats.discarded
+    assert task.name.startswith("count-the-lines-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]
+
+
+def _escaping_tar() -> bytes:
+    """The 2025 tarfile filter bypass (CVE-2025-4517 style): links chained past PATH_MAX, so
+    the data filter's realpath stops resolving, then a file written through them."""
+    import io
+    import tarfile
+
+    comp, steps, path = "d" * 247, "abcdefghijklmnop", ""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for step in steps:
+            folder = tarfile.TarInfo(os.path.join(path, comp))
+            folder.type = tarfile.DIRTYPE
+            tar.addfile(folder)
+            link = tarfile.TarInfo(os.path.join(path, step))
+            link.type, link.linkname = tarfile.SYMTYPE, comp
+            tar.addfile(link)
+            path = os.path.join(path, comp)
+        long_link = os.path.join("/".join(steps), "l" * 254)
+        back = tarfile.TarInfo(long_link)
+        back.type, back.linkname = tarfile.SYMTYPE, "../" * len(steps)
+        tar.addfile(back)
+        escape = tarfile.TarInfo("escape")
+        escape.type, escape.linkname = tarfile.SYMTYPE, long_link + "/.."
+        tar.addfile(escape)
+        data = b"written outside\n"
+        planted = tarfile.TarInfo("escape/planted.txt")
+        planted.size = len(data)
+        tar.addfile(planted, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_a_workspace_tar_that_bypasses_the_data_filter_is_rejected(tmp_path: Path) -> None:
+    import base64
+
+    packed = base64.b64encode(_escaping_tar()).decode()
+    with pytest.raises(Rejected, match="under a link") as caught:
+        unpack_workspace(packed, 1 << 24, tmp_path / "dest")
+    assert caught.value.reason == "invalid"
+    assert not (tmp_path / "planted.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["dest"]
+
+
+@pytest.mark.parametrize(
+    ("members", "problem"),
+    [
+        ([("sym", "a", "/etc"), ("file", "a/x", "")], "out of the workspace"),
+        ([("sym", "a", "b"), ("file", "a/x", "")], "under a link"),
+        ([("file", "a", ""), ("sym", "a", "b")], "twice"),
+        ([("hard", "h", "/etc/passwd")], "hard link"),
+        ([("sym", "s", "x"), ("hard", "h", "s")], "hard link"),
+        ([("file", "../x", "")], "outside"),
+        ([("file", "/x", "")], "outside"),
+        ([("sym", ".", "x")], "not a folder"),
+    ],
+)
+def test_workspace_members_are_checked_before_unpacking(
+    members: list[tuple[str, str, str]], problem: str
+) -> None:
+    import tarfile
+
+    infos = []
+    for kind, name, target in members:
+        info = tarfile.TarInfo(name)
+        info.type = {"file": tarfile.REGTYPE, "sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE}[kind]
+        info.linkname = target
+        infos.append(info)
+    with pytest.raises(Rejected, match=problem):
+        check_members(infos)
+
+
+def test_a_link_chain_that_leaves_only_for_real_is_rejected_after_unpacking(
+    tmp_path: Path,
+) -> None:
+    """esc -> b/c/../.. is inside by name, but b/c -> ../x makes it the folder's parent. In
+    this order (esc before b/c) the data filter lets both pass; the real resolution after
+    unpacking does not."""
+    import base64
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, kind, target in [
+            ("b", tarfile.DIRTYPE, ""),
+            ("esc", tarfile.SYMTYPE, "b/c/../.."),
+            ("b/c", tarfile.SYMTYPE, "../x"),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            tar.addfile(info)
+    packed = base64.b64encode(buffer.getvalue()).decode()
+    with pytest.raises(Rejected, match="'esc': a link out of it") as caught:
+        unpack_workspace(packed, 1 << 20, tmp_path / "dest")
+    assert caught.value.reason == "invalid"

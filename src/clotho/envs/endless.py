@@ -9,6 +9,15 @@ fails, a task that is already solved or that its own solution cannot solve) is d
 counted by reason in `stats.discarded`; after `max_generation_attempts` discarded candidates
 in a row, `get_next_item` raises a `TaskError` naming the reasons.
 
+A task takes minutes to write, build and check, and the serve driver takes items one at a
+time (under the ledger's lock), so tasks are generated ahead: from the first
+`get_next_item`, up to `generate_ahead` (default `max_num_workers`) generations run in the
+background, feeding a queue of sound tasks that `get_next_item` takes from. A generation that
+gives up keeps its error, which `get_next_item` raises when no task is ready or coming.
+
+The model's reply is read in a thread (`parse_reply`, linear in the reply) and only
+bubblewrap or container sandboxes run what it wrote: `unsafe-local` is refused.
+
 A kept task is an ordinary Harbor task, so every rollout of its group is verified like one:
 its workspace is uploaded, the verifier's programs are fingerprinted before the agent starts,
 and its tests run in the rollout's own sandbox after the agent is stopped (`run_verifier`).
@@ -26,7 +35,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any, ClassVar
 from weakref import WeakKeyDictionary
@@ -69,6 +78,13 @@ log = logging.getLogger(__name__)
 STAGING = ".staging"
 _FOLDER = re.compile(r"[a-z0-9][a-z0-9-]*")  # a generated task's folder name, never a path
 ITEMS_FILE = ".endless-items.jsonl"  # item number -> task folder, one JSON line per item
+_RUN = re.compile(r"[0-9a-f]{32}")  # a run's tag in the item record
+
+
+_NO_EVALUATION_SET = (
+    "endless has no evaluation set: give eval_tasks (folders of Harbor tasks, e.g. an earlier "
+    "run's save_tasks), or drop steps_per_eval"
+)
 
 
 def _append(path: Path, line: str) -> None:
@@ -88,7 +104,13 @@ class EndlessConfig(EnvConfig):
         "(default: a temporary folder removed on close)",
     )
     max_generation_attempts: int = Field(
-        8, ge=1, description="candidates per item before get_next_item gives up"
+        8, ge=1, description="candidates in a row before a generation gives up"
+    )
+    generate_ahead: int | None = Field(
+        None,
+        ge=0,
+        description="sound tasks generated ahead of demand (in flight or ready), each by its "
+        "own concurrent generation; None: max_num_workers; 0: only when asked",
     )
     topics: list[str] = Field(
         default_factory=list, description="topics, one drawn per request (none: any task)"
@@ -114,7 +136,7 @@ class EndlessStats(GroupStats):
     """Group stats plus what happened to the generated tasks."""
 
     tasks_generated: int = Field(0, description="candidate tasks requested from the generator")
-    tasks_kept: int = Field(0, description="sound tasks, served as items")
+    tasks_kept: int = Field(0, description="sound tasks (served as items, or ready to be)")
     tasks_discarded: int = 0
     discarded: dict[str, int] = Field(
         default_factory=dict,
@@ -148,10 +170,28 @@ class EndlessEnv(Environment[Task]):
         self.tasks: list[Task] = []
         self._seen: set[str] = set()
         self._eval_tasks: list[Task] | None = None
+        # The item record: this run's items; None after load_state_dict (read it back).
+        self._run: str | None = uuid.uuid4().hex
+        self._items: dict[int, str] | None = {}
+        # Generation ahead: sound tasks ready to be taken, errors of generations that gave up.
+        self._ready: deque[Task] = deque()
+        self._errors: deque[Exception] = deque()
+        self._changed = asyncio.Event()  # a generation ended
+        self._producers: set[asyncio.Task[None]] = set()
+        self._generating = 0
+        self._waiting = 0
+        self._closing = False
 
     # -- setup -------------------------------------------------------------------------
 
     async def setup(self) -> None:
+        if self.config.sandbox.backend == "unsafe-local":
+            raise ConfigError(
+                "endless runs model-written setup scripts, tests and solutions: it needs an "
+                "isolating sandbox (local bubblewrap or docker), not unsafe-local"
+            )
+        if self.config.steps_per_eval and not self.config.eval_tasks:
+            raise ConfigError(_NO_EVALUATION_SET)
         if self.config.save_tasks:
             self.folder = Path(self.config.save_tasks).resolve()
             await asyncio.to_thread(self.folder.mkdir, parents=True, exist_ok=True)
@@ -160,7 +200,6 @@ class EndlessEnv(Environment[Task]):
                 await asyncio.to_thread(tempfile.mkdtemp, prefix="clotho-endless-")
             )
             self.folder = self._temporary
-        self._items: dict[int, str] = await asyncio.to_thread(self._read_items)
         self._require_pool()
 
     @property
@@ -187,16 +226,58 @@ class EndlessEnv(Environment[Task]):
     # -- items -------------------------------------------------------------------------
 
     async def get_next_item(self) -> Task:
-        """A new sound task; a `TaskError` after `max_generation_attempts` discarded ones.
-        Under `save_tasks`, item N is recorded, and served again (not regenerated) when a
-        resumed run asks for item N (`load_state_dict`)."""
+        """The next sound task generated (ahead); a `TaskError` (or `ModelError`) when its
+        generation gave up after `max_generation_attempts` discarded candidates. Under
+        `save_tasks`, item N is recorded, and served again (not regenerated) when a resumed
+        run asks for item N (`load_state_dict`)."""
         index = self.item_cursor
         self.item_cursor += 1  # taken now: concurrent calls get their own numbers
         task = await self._recorded(index)
         if task is None:
-            task = await self._generate()
+            task = await self._take_ready()
             await self._record(index, task)
         return task
+
+    async def _take_ready(self) -> Task:
+        """A ready task. A generation's error is raised once no task is ready and none is in
+        flight that could bring one (while it waits, no new generation starts)."""
+        self._waiting += 1
+        try:
+            while not self._ready:
+                if self._errors and not self._generating:
+                    raise self._errors.popleft()
+                self._refill()
+                self._changed.clear()
+                await self._changed.wait()
+            task = self._ready.popleft()
+        finally:
+            self._waiting -= 1
+        self._refill()  # the one taken is replaced
+        return task
+
+    def _refill(self) -> None:
+        """Start generations until `generate_ahead` are in flight or ready (at least one per
+        waiting caller, up to `max_num_workers`); none while an error waits to be raised."""
+        c = self.config
+        ahead = c.max_num_workers if c.generate_ahead is None else c.generate_ahead
+        target = max(ahead, min(self._waiting, c.max_num_workers))
+        while (
+            not self._closing and not self._errors and self._generating + len(self._ready) < target
+        ):
+            self._generating += 1
+            producer = asyncio.create_task(self._produce(), name="endless-generate")
+            self._producers.add(producer)
+            producer.add_done_callback(self._producers.discard)
+
+    async def _produce(self) -> None:
+        """One generation, its task or its error kept for `get_next_item`."""
+        try:
+            self._ready.append(await self._generate())
+        except Exception as exc:  # raised by a get_next_item (`_take_ready`)
+            self._errors.append(exc)
+        finally:
+            self._generating -= 1
+            self._changed.set()
 
     async def _generate(self) -> Task:
         reasons: Counter[str] = Counter()
@@ -236,7 +317,9 @@ class EndlessEnv(Environment[Task]):
             turn = await generator.session().complete(self._messages())
         except ClothoError as exc:
             raise Rejected("model_error", str(exc)[:300]) from exc
-        spec = parse_reply(turn.content or turn.reasoning or "", self.config.limits)
+        text = turn.content or turn.reasoning or ""
+        # up to 400k characters of untrusted text: read off the loop
+        spec = await asyncio.to_thread(parse_reply, text, self.config.limits)
         name = f"{slug(spec.name)}-{task_digest(spec)}"
         final = self.folder / name
         if name in self._seen or final.exists():
@@ -269,7 +352,10 @@ class EndlessEnv(Environment[Task]):
     # -- the item record (resume) ------------------------------------------------------
 
     async def _recorded(self, index: int) -> Task | None:
-        """Item `index` as an earlier run (or this one) served it, if its folder is kept."""
+        """Item `index` as this run (resumed, or before its resume) served it, if its folder
+        is kept. A fresh run has no items yet: other runs' records are not its own."""
+        if self._items is None:
+            self._items = await asyncio.to_thread(self._read_items, self._run)
         name = self._items.get(index)
         if name is None or not (self.folder / name).is_dir():
             return None
@@ -282,12 +368,14 @@ class EndlessEnv(Environment[Task]):
         return task
 
     async def _record(self, index: int, task: Task) -> None:
-        self._items[index] = task.name
+        if self._items is not None:
+            self._items[index] = task.name
         if self._temporary is None:  # saved tasks: the record outlives the run
-            line = json.dumps({"item": index, "task": task.name}) + "\n"
+            line = json.dumps({"item": index, "task": task.name, "run": self._run}) + "\n"
             await asyncio.to_thread(_append, self.folder / ITEMS_FILE, line)
 
-    def _read_items(self) -> dict[int, str]:
+    def _read_items(self, run: str | None) -> dict[int, str]:
+        """The items the record has of `run` (None: those of runs before run tags)."""
         items: dict[int, str] = {}
         path = self.folder / ITEMS_FILE
         if not path.is_file():
@@ -295,16 +383,18 @@ class EndlessEnv(Environment[Task]):
         for number, line in enumerate(path.read_text().splitlines(), 1):
             try:
                 entry = json.loads(line)
-                index, name = entry["item"], entry["task"]
-            except (ValueError, KeyError, TypeError):
+                index, name, tag = entry["item"], entry["task"], entry.get("run")
+            except (ValueError, KeyError, TypeError, AttributeError):
                 log.warning("%s line %d is not an item record; ignored", path, number)
+                continue
+            if tag != run:
                 continue
             if isinstance(index, int) and isinstance(name, str) and _FOLDER.fullmatch(name):
                 items[index] = name  # the last record of an item wins
         return items
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "save_tasks": self.config.save_tasks}
+        return {**super().state_dict(), "save_tasks": self.config.save_tasks, "run": self._run}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("save_tasks")
@@ -314,7 +404,12 @@ class EndlessEnv(Environment[Task]):
                 f"the serve state was saved with save_tasks={saved}, not {mine}: "
                 "its items are recorded there"
             )
+        run = state.get("run")  # absent in states saved before runs were tagged
+        if run is not None and not (isinstance(run, str) and _RUN.fullmatch(run)):
+            raise ConfigError(f"run in the serve state is {run!r}, not a run tag")
         super().load_state_dict(state)
+        self._run = run  # its items are served again, and new ones recorded under it
+        self._items = None  # read back on the next get_next_item
 
     # -- rollouts ----------------------------------------------------------------------
 
@@ -336,10 +431,7 @@ class EndlessEnv(Environment[Task]):
     async def evaluate(self) -> list[EvalSample]:
         """One rollout of each task under `eval_tasks` (say, the tasks an earlier run saved)."""
         if not self.config.eval_tasks:
-            raise NotImplementedError(
-                "the endless environment evaluates on eval_tasks: set it to folders of Harbor "
-                "tasks (an earlier run's save_tasks)"
-            )
+            raise ConfigError(_NO_EVALUATION_SET)
         if self._eval_tasks is None:
             paths = [Path(p) for p in self.config.eval_tasks]
             tasks, errors = await asyncio.to_thread(discover_tasks, paths)
@@ -363,6 +455,11 @@ class EndlessEnv(Environment[Task]):
         return list(await asyncio.gather(*(one(t) for t in self._eval_tasks)))
 
     async def close(self) -> None:
+        self._closing = True
+        producers = list(self._producers)
+        for producer in producers:
+            producer.cancel()
+        await asyncio.gather(*producers, return_exceptions=True)
         try:
             await super().close()
             if self._own_generator and self.generator is not None:

@@ -15,7 +15,8 @@ is exactly what `clotho eval <dir> --agent oracle` (or any Harbor runner) checks
 
 The setup script runs once per task in a sandbox from the pool, in a fresh process; whatever
 it started is stopped, and the workspace it left is copied out as a tar with only regular
-files, folders and links that stay inside (tarfile's `data` filter), under a size cap.
+files, folders and links that stay inside (`check_members`, then tarfile's `data` filter),
+under a size cap.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import shutil
 import tarfile
 import textwrap
@@ -92,8 +94,21 @@ def verifier_script(checks: str, timeout_s: float) -> str:
     )
 
 
-def _toml_string(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a valid TOML basic string
+def toml_string(value: str) -> str:
+    """A TOML basic string. Not `json.dumps`: it writes characters beyond the BMP (an emoji)
+    as surrogate pairs, `"\\ud83d\\udc0d"`, which TOML rejects. Only the quote, the backslash
+    and control characters need escapes; the rest is written as it is (UTF-8)."""
+    out = ['"']
+    for char in value:
+        code = ord(char)
+        if char in ('"', "\\"):
+            out.append("\\" + char)
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)
 
 
 def write_task_dir(task: GeneratedTask, folder: Path, limits: BuildSettings) -> None:
@@ -109,8 +124,8 @@ def write_task_dir(task: GeneratedTask, folder: Path, limits: BuildSettings) -> 
 
             [metadata]
             author_name = "clotho endless generator"
-            category = {_toml_string(task.category or "generated")}
-            difficulty = {_toml_string(task.difficulty or "medium")}
+            category = {toml_string(task.category or "generated")}
+            difficulty = {toml_string(task.difficulty or "medium")}
             tags = ["generated"]
 
             [verifier]
@@ -186,13 +201,8 @@ async def build_workspace(
         )
         if not packed.ok:
             raise Rejected("setup_failed", f"cannot pack the workspace: {packed.stderr[-300:]!r}")
-        try:
-            data = base64.b64decode(packed.stdout.strip(), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise Rejected("setup_failed", f"cannot read the packed workspace: {exc}") from exc
-        if len(data) > cap:
-            raise Rejected("workspace_too_large", f"the workspace is over {cap} bytes")
-        await asyncio.to_thread(_unpack, data, environment_dir)
+        # decoding up to 16 MiB of base64 takes the loop for tens of milliseconds: a thread
+        await asyncio.to_thread(unpack_workspace, packed.stdout, cap, environment_dir)
         built = [name for name in BUILD_FILES if os.path.lexists(environment_dir / name)]
         if built:  # the generator's own Dockerfile would be built by a container backend
             raise Rejected("invalid", f"the setup left container build files: {built}")
@@ -200,11 +210,84 @@ async def build_workspace(
         await asyncio.shield(pool.release(sandbox))
 
 
+def unpack_workspace(packed: str, cap: int, folder: Path) -> None:
+    """The base64 tar the build sandbox printed, checked and unpacked into `folder`."""
+    try:
+        data = base64.b64decode(packed.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise Rejected("setup_failed", f"cannot read the packed workspace: {exc}") from exc
+    if len(data) > cap:
+        raise Rejected("workspace_too_large", f"the workspace is over {cap} bytes")
+    _unpack(data, folder)
+
+
+def _inside(path: str) -> bool:
+    """A normalized relative path that names the folder or something in it."""
+    return not (path.startswith("/") or path == ".." or path.startswith("../"))
+
+
+def check_members(members: list[tarfile.TarInfo]) -> None:
+    """Every member of the workspace tar, before anything is extracted. The tar comes from a
+    sandbox the setup script ran in (it may have replaced `tar` itself), so it is hostile;
+    tarfile's `data` filter alone is not enough on Pythons before the 2025 fixes (links
+    chained past PATH_MAX escaped it). Allowed: folders, regular files, symbolic links whose
+    target (resolved by name from the link's folder) stays inside, hard links to a regular
+    file met earlier. No member may sit under a link, nor replace a link; no devices or
+    FIFOs; the links' real targets are checked again after unpacking (`_check_links`)."""
+    kinds: dict[str, str] = {}
+    for member in members:
+        name = posixpath.normpath(member.name)
+        what = f"the setup left {member.name[:200]!r}"
+        if member.name.startswith("/") or not _inside(name):
+            raise Rejected("invalid", f"{what}: a name outside the workspace")
+        if member.isdir():
+            kind = "dir"
+        elif member.isreg():
+            kind = "file"
+        elif member.issym():
+            kind = "link"
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(name), member.linkname))
+            if member.linkname.startswith("/") or not _inside(target):
+                raise Rejected(
+                    "invalid", f"{what}: a link out of the workspace ({member.linkname[:200]!r})"
+                )
+        elif member.islnk():
+            kind = "file"
+            if kinds.get(posixpath.normpath(member.linkname)) != "file":
+                raise Rejected("invalid", f"{what}: a hard link to no file of the workspace")
+        else:
+            raise Rejected("invalid", f"{what}: a device, FIFO or other special file")
+        if name == "." and kind != "dir":
+            raise Rejected("invalid", f"{what}: the workspace itself is not a folder")
+        parent = posixpath.dirname(name)
+        while parent:
+            if kinds.get(parent, "dir") != "dir":
+                raise Rejected("invalid", f"{what}: under a link or a file ({parent[:200]!r})")
+            parent = posixpath.dirname(parent)
+        earlier = kinds.get(name)
+        if earlier is not None and not (earlier == kind == "dir"):
+            raise Rejected("invalid", f"{what}: twice in the workspace tar")
+        kinds[name] = kind
+
+
+def _check_links(folder: Path) -> None:
+    """The symbolic links as unpacked, resolved for real (chains included): all inside."""
+    root = folder.resolve()
+    for path in folder.rglob("*"):
+        if path.is_symlink() and not Path(os.path.realpath(path)).is_relative_to(root):
+            relative = path.relative_to(folder)
+            raise Rejected("invalid", f"the setup left {str(relative)!r}: a link out of it")
+
+
 def _unpack(data: bytes, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            tar.extractall(folder, filter="data")  # no absolute names, devices or outside links
+            check_members(tar.getmembers())
+            tar.extractall(folder, filter="data")  # and the filter, as a second guard
+        _check_links(folder)
+    except tarfile.FilterError as exc:  # what check_members missed, the filter refused
+        raise Rejected("invalid", f"the setup left {exc}") from exc
     except (tarfile.TarError, OSError) as exc:
         raise Rejected("setup_failed", f"the workspace cannot be unpacked: {exc}") from exc
 

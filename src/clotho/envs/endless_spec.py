@@ -67,8 +67,9 @@ The agent never sees "tests" or "solution". Keep everything deterministic.
 USER_PROMPT = "Write a new task{topic}. Reply with the JSON object only."
 
 _NAME_CHARS = re.compile(r"[^a-z0-9]+")
-_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n```", re.DOTALL)
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_THINK_END = "</think>"
+_FENCE = "```"
+MAX_DECODE_ATTEMPTS = 64  # JSON decodes tried per reply: each may scan the whole reply
 
 
 def slug(name: str) -> str:
@@ -159,33 +160,69 @@ class GeneratedTask(BaseModel):
             raise Rejected("invalid", "; ".join(problems[:5]))
 
 
+def after_thinking(text: str) -> str:
+    """The reply after its last `</think>` (all of it when there is none): one scan."""
+    end = text.rfind(_THINK_END)
+    return text if end == -1 else text[end + len(_THINK_END) :]
+
+
+def fenced_blocks(text: str) -> list[str]:
+    """The bodies of ``` fences (an optional `json` tag, then a line break; closed by a line
+    break and ```), in order. Each search starts where the last one ended: linear in the
+    reply, whatever it holds (a regex with a lazy body rescans for every opening)."""
+    blocks: list[str] = []
+    pos = 0
+    n = len(text)
+    while True:
+        opening = text.find(_FENCE, pos)
+        if opening == -1:
+            return blocks
+        start = opening + len(_FENCE)
+        if text.startswith("json", start):
+            start += 4
+        end_ws = start
+        while end_ws < n and text[end_ws].isspace():
+            end_ws += 1
+        newline = text.rfind("\n", start, end_ws)
+        if newline == -1:  # not an opening fence: look on after it
+            pos = end_ws if end_ws > start else start
+            continue
+        body = newline + 1
+        closing = text.find("\n" + _FENCE, body)
+        if closing == -1:  # no closing fence anywhere after: none of the later ones closes
+            return blocks
+        blocks.append(text[body:closing])
+        pos = closing + 1 + len(_FENCE)
+
+
 def _json_objects(text: str) -> list[Any]:
-    """Every JSON object that starts somewhere in `text` (fenced blocks first)."""
-    found: list[Any] = []
+    """The first JSON object that starts somewhere in `text` (fenced blocks first), after at
+    most `MAX_DECODE_ATTEMPTS` decodes: a reply of `{"":` repeated would otherwise be decoded
+    from each of its hundred thousand braces."""
     decoder = json.JSONDecoder()
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    for candidate in candidates:
+    attempts = 0
+    for candidate in [*fenced_blocks(text), text]:
         start = candidate.find("{")
         while start != -1:
+            if attempts >= MAX_DECODE_ATTEMPTS:
+                return []
+            attempts += 1
             try:
                 value, _ = decoder.raw_decode(candidate, start)
             except (ValueError, RecursionError):
                 start = candidate.find("{", start + 1)
                 continue
             if isinstance(value, dict):
-                found.append(value)
-                break
+                return [value]
             start = candidate.find("{", start + 1)
-        if found:
-            break
-    return found
+    return []
 
 
 def parse_reply(text: str, limits: GenerationLimits) -> GeneratedTask:
     """The task in a generator's reply, or `Rejected` ('unparseable' or 'invalid')."""
     if len(text) > limits.max_reply_chars:
         raise Rejected("invalid", f"reply of {len(text)} characters")
-    text = _THINK.sub("", text)
+    text = after_thinking(text)
     objects = _json_objects(text)
     if not objects:
         raise Rejected("unparseable", f"no JSON object in the reply: {text[:200]!r}")
