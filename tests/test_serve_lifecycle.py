@@ -369,7 +369,7 @@ async def test_a_state_that_does_not_fit_is_refused(make_task: TaskFactory, tmp_
             env.load_state_dict({**good, "rng": {"version": 3, "words": "AAAA", "gauss": None}})
         with pytest.raises(ConfigError, match="items left"):
             env.load_state_dict({**good, "order": {**order, "epoch": 1, "left": 99}})
-        with pytest.raises(ConfigError, match="no task order"):
+        with pytest.raises(ConfigError, match="no item order"):
             env.load_state_dict({k: v for k, v in good.items() if k != "order"})
         env.load_state_dict(good)
     finally:

@@ -55,3 +55,23 @@ class PassOrder(Generic[T]):
             raise ConfigError(f"the serve state has {left} items left of {len(self.items)}")
         self.epoch = epoch
         self._left = self._order(epoch)[:left] if epoch else []
+
+
+class PassOrdered:
+    """Mixin (before `Environment` in the bases) for an environment whose items come from
+    the `PassOrder` in `self._order`: items, and their place saved for `clotho serve`."""
+
+    _order: PassOrder[Any]
+
+    async def get_next_item(self) -> Any:
+        return self._order.next()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "order": self._order.state_dict()}  # type: ignore[misc]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)  # type: ignore[misc]
+        order = state.get("order")
+        if not isinstance(order, dict):
+            raise ConfigError("the serve state has no item order (saved by another version?)")
+        self._order.load_state_dict(order)

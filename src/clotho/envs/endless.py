@@ -38,11 +38,9 @@ import uuid
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any, ClassVar
-from weakref import WeakKeyDictionary
 
 from pydantic import Field
 
-from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
 from clotho.chat.models import Model, build_model
 from clotho.env.base import Environment
@@ -64,13 +62,11 @@ from clotho.envs.endless_spec import (
     parse_reply,
     slug,
 )
+from clotho.envs.harbor_rollouts import HarborRollouts
 from clotho.errors import ClothoError, ConfigError, ModelError, TaskError
-from clotho.rollout import VerifierOutcome
-from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.sandbox.pool import SlotPool
-from clotho.tasks.environment import environment_spec, upload_workspace
+from clotho.tasks.environment import environment_spec
 from clotho.tasks.harbor import Task, discover_tasks, load_task
-from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
 from clotho.tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -146,7 +142,7 @@ class EndlessStats(GroupStats):
     )
 
 
-class EndlessEnv(Environment[Task]):
+class EndlessEnv(HarborRollouts, Environment[Task]):
     name: ClassVar[str] = "endless"
     config_cls: ClassVar[type[EnvConfig]] = EndlessConfig
     config: EndlessConfig
@@ -165,8 +161,7 @@ class EndlessEnv(Environment[Task]):
         self.generator: Model | None = None
         self._own_generator = False
         self._temporary: Path | None = None
-        self._prepared: dict[Path, PreparedEnvironment] = {}  # by task folder
-        self._baselines: WeakKeyDictionary[Sandbox, ProgramDigests] = WeakKeyDictionary()
+        self._init_rollouts()
         self.tasks: list[Task] = []
         self._seen: set[str] = set()
         self._eval_tasks: list[Task] | None = None
@@ -412,21 +407,6 @@ class EndlessEnv(Environment[Task]):
         self._items = None  # read back on the next get_next_item
 
     # -- rollouts ----------------------------------------------------------------------
-
-    def format_prompt(self, item: Task) -> str:
-        return item.instruction
-
-    def sandbox_config(self, item: Task) -> SandboxConfig:
-        return self._prepared[item.path].config
-
-    async def setup_workspace(self, item: Task, sandbox: Sandbox) -> None:
-        if not self._prepared[item.path].workspace_in_image:
-            await upload_workspace(item, sandbox)
-        self._baselines[sandbox] = await program_digests(item, sandbox)
-
-    async def verify(self, item: Task, result: AgentResult, sandbox: Sandbox) -> VerifierOutcome:
-        """The task's tests on what this rollout's agent left in its own sandbox."""
-        return await run_verifier(item, sandbox, self._baselines.pop(sandbox, None))
 
     async def evaluate(self) -> list[EvalSample]:
         """One rollout of each task under `eval_tasks` (say, the tasks an earlier run saved)."""

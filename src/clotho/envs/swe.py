@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 from weakref import WeakKeyDictionary
 
 from pydantic import Field
@@ -19,7 +19,7 @@ from clotho.data import DatasetSource, source_list
 from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
 from clotho.env.evaluation import EvalSample
-from clotho.env.pass_order import PassOrder
+from clotho.env.pass_order import PassOrder, PassOrdered
 from clotho.errors import ConfigError
 from clotho.rollout import VerifierOutcome
 from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
@@ -49,7 +49,7 @@ class SweEnvConfig(EnvConfig):
     swe: SweOptions = Field(default_factory=SweOptions)
 
 
-class SweEnv(Environment[SweInstance]):
+class SweEnv(PassOrdered, Environment[SweInstance]):
     name: ClassVar[str] = "swe"
     config_cls: ClassVar[type[EnvConfig]] = SweEnvConfig
     config: SweEnvConfig
@@ -119,19 +119,6 @@ class SweEnv(Environment[SweInstance]):
                 seen.add(instance.instance_id)
             found += instances
         return found
-
-    async def get_next_item(self) -> SweInstance:
-        return self._order.next()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "order": self._order.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        order = state.get("order")
-        if not isinstance(order, dict):
-            raise ConfigError("the serve state has no instance order (saved by another version?)")
-        self._order.load_state_dict(order)
 
     def format_prompt(self, item: SweInstance) -> str:
         return instruction(item, self.config.swe.testbed)
