@@ -36,6 +36,16 @@ RayOpt = Annotated[
         "the config's sandbox says what each node runs"
     ),
 ]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-num-workers",
+        "--concurrency",
+        min=1,
+        help="groups in flight at once, each of group-size rollouts (default: the config's "
+        "max_num_workers, 2)",
+    ),
+]
 WandbOpt = Annotated[
     str | None,
     typer.Option("--wandb", help="log to this Weights & Biases project (extra wandb)"),

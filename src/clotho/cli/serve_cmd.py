@@ -21,6 +21,7 @@ from clotho.cli.env_options import (
     SetOpt,
     TokenizerOpt,
     WandbOpt,
+    WorkersOpt,
     build_environment,
     console,
     run_env_command,
@@ -75,15 +76,7 @@ def serve_command(
     api_url: Annotated[
         str, typer.Option(help="trajectory API (clotho api or Atropos run-api)")
     ] = "http://localhost:8000",
-    max_num_workers: Annotated[
-        int | None,
-        typer.Option(
-            "--max-num-workers",
-            "--concurrency",
-            min=1,
-            help="groups in flight at once, each of group-size rollouts (config max_num_workers)",
-        ),
-    ] = None,
+    max_num_workers: WorkersOpt = None,
     total_steps: Annotated[
         int | None,
         typer.Option(min=1, help="stop once the trainer reaches this step (default: never)"),
