@@ -25,7 +25,7 @@ from clotho.errors import SandboxError, TaskError
 from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.swe.examples import TOY_INSTANCES, build_toys
-from clotho.swe.install_cache import InstallCache
+from clotho.swe.install_cache import InstallCache, InstallCacheOptions
 from clotho.swe.instance import SweInstance, SweOptions
 from clotho.swe.repos import RepoCache
 from clotho.swe.trial import SweTrial
@@ -249,3 +249,17 @@ async def test_docker_slots_restore_into_their_own_slot(options: SweOptions) -> 
     assert trial.installs.installs == 1
     nonces = {r.outputs[0] for r in readers}
     assert len(nonces) == 1 and "poisoned" not in next(iter(nonces))
+
+
+@requires_bwrap
+async def test_an_install_past_max_bytes_is_a_remembered_task_error(options: SweOptions) -> None:
+    trial = make_trial(options)
+    trial.installs.options = InstallCacheOptions(max_bytes=1000)
+    async with SlotPool() as pool:
+        one = await run_trial(trial, OracleAgent(), LocalSandboxConfig(), pool)
+        two = await run_trial(trial, OracleAgent(), LocalSandboxConfig(), pool)
+    for outcome in (one, two):
+        assert outcome.reward is None and outcome.error is not None
+        assert outcome.error.kind == "task" and "max_bytes (1000)" in outcome.error.message
+    assert "remembered" in two.error.message and trial.installs.installs == 1
+    assert not list((trial.installs.root / "installs").glob("*/deps.tar"))

@@ -256,10 +256,12 @@ class InstallCache:
         size = int(captured.stdout.strip().splitlines()[-1])
         if size > self.options.max_bytes:
             await sandbox.exec(f"rm -f -- {SANDBOX_TAR}", timeout=60.0)
-            raise TaskError(
-                f"{what}: install_cmd left {size} bytes, more than the install cache's "
-                f"max_bytes ({self.options.max_bytes})"
+            message = (
+                f"install_cmd left {size} bytes, more than the install cache's max_bytes "
+                f"({self.options.max_bytes})"
             )
+            self._remember_failure(key, message)
+            raise TaskError(f"{what}: {message}")
         folder = self.folder(key)
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".deps-{uuid.uuid4().hex}.tar"
