@@ -94,6 +94,15 @@ def sandbox_kind(sandbox: Sandbox) -> str:
     return json.dumps(parts, sort_keys=True)
 
 
+def install_roots(sandbox: Sandbox) -> tuple[str, ...]:
+    """A container's own folders may be scanned whole; a local sandbox's `/usr` is the
+    host's, which it cannot write anyway."""
+    config = getattr(sandbox, "config", None)
+    inner = getattr(config, "inner", None)
+    backends = {getattr(config, "backend", None), getattr(inner, "backend", None)}
+    return CONTAINER_ROOTS if "docker" in backends else LOCAL_ROOTS
+
+
 def install_key(*, source: str, commit: str, install_cmd: str, testbed: str, kind: str) -> str:
     material = json.dumps([source, commit, install_cmd, testbed, kind])
     return hashlib.sha256(material.encode()).hexdigest()[:32]
@@ -246,7 +255,7 @@ class InstallCache:
     ) -> None:
         self.installs += 1
         await run_install(sandbox, install_cmd, testbed, timeout_s, what, self._remember(key))
-        roots = CONTAINER_ROOTS if '"docker"' in sandbox_kind(sandbox) else LOCAL_ROOTS
+        roots = install_roots(sandbox)
         captured = await sandbox.exec(capture_script(roots, testbed, SANDBOX_TAR), timeout=600.0)
         if not captured.ok:
             raise SandboxError(
