@@ -393,3 +393,17 @@ def test_clotho_eval_runs_an_instance_file_with_repos_dir(toys: Path, tmp_path: 
     verdict = json.loads(detail["verifier"]["output"])
     assert verdict["agent_diff"].startswith("diff --git")
     assert all(t["outcome"] == "passed" for t in verdict["tests"].values())
+
+
+def test_swe_environment_rollouts_are_bounded_in_time() -> None:
+    """The environment's agents get `swe.agent_timeout_s` unless `time_limit_s` is set, as
+    `clotho eval` bounds a SWE trial."""
+    from clotho.envs.swe import SweEnv, SweEnvConfig
+
+    class NoModel:  # agent() only stores the model
+        pass
+
+    default = SweEnv(SweEnvConfig(swe={"agent_timeout_s": 42}), model=NoModel())  # type: ignore[arg-type]
+    assert default.agent([]).limits.time_limit_s == 42
+    own = SweEnv(SweEnvConfig(time_limit_s=5), model=NoModel())  # type: ignore[arg-type]
+    assert own.agent([]).limits.time_limit_s == 5

@@ -107,6 +107,14 @@ def swe_bench_command(
         "workspace ready, warm cache", f"{result.workspace_ready_p50_ms:.1f}",
         f"git clone {result.git_clone_p50_ms:.1f}",
     )  # fmt: skip
+    if result.workspace_no_install_cache_p50_ms is not None:
+        table.add_row(
+            "workspace ready, install cache off", f"{result.workspace_no_install_cache_p50_ms:.1f}",
+            f"saved per rollout {result.install_saved_p50_ms or 0:.1f}",
+        )  # fmt: skip
+    if result.install_first_ms is not None:
+        size = (result.install_cached_bytes or 0) / 1e6
+        table.add_row("first install + capture", f"{result.install_first_ms:.0f}", f"{size:.1f} MB")
     table.add_row("verification (FAIL_TO_PASS + PASS_TO_PASS)", f"{result.verify_p50_ms:.0f}", "")
     table.add_row("first snapshot (fetch + checkout)", f"{result.first_snapshot_ms:.0f}", "")
     console.print(table)

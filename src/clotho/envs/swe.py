@@ -8,12 +8,14 @@ instance's FAIL_TO_PASS and PASS_TO_PASS tests are the reward. Instances come fr
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 from weakref import WeakKeyDictionary
 
 from pydantic import Field
 
+from clotho.agent.llm import LLMAgent
 from clotho.agent.result import AgentResult
 from clotho.data import DatasetSource, source_list
 from clotho.env.base import Environment
@@ -29,6 +31,7 @@ from clotho.swe.repos import RepoCache
 from clotho.swe.trial import SweTrial, instruction
 from clotho.swe.verify import program_baseline, verify_instance
 from clotho.tasks.verify import ProgramDigests
+from clotho.tools.tool import Tool
 
 
 class SweEnvConfig(EnvConfig):
@@ -119,6 +122,15 @@ class SweEnv(PassOrdered, Environment[SweInstance]):
                 seen.add(instance.instance_id)
             found += instances
         return found
+
+    def agent(self, tools: Sequence[Tool]) -> LLMAgent:
+        """The base agent, bounded by `swe.agent_timeout_s` unless `time_limit_s` is set: a
+        SWE rollout is never unbounded in time (clotho eval bounds it the same way)."""
+        agent = super().agent(tools)
+        if self.config.time_limit_s is None:
+            limit = self.config.swe.agent_timeout_s
+            agent.limits = agent.limits.model_copy(update={"time_limit_s": limit})
+        return agent
 
     def format_prompt(self, item: SweInstance) -> str:
         return instruction(item, self.config.swe.testbed)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from clotho.data import DatasetSource, Record, peek, read_records
 from clotho.data.files import parquet_columns
 from clotho.errors import TaskError, describe_validation_error
+from clotho.swe.install_cache import InstallCacheOptions
 
 INSTANCE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -44,6 +45,10 @@ class SweOptions(BaseModel):
     agent_timeout_s: float = Field(1800.0, gt=0)
     network_clone: bool = Field(
         True, description="clone owner/name from GitHub when no mirror has it"
+    )
+    install_cache: InstallCacheOptions = Field(
+        default_factory=InstallCacheOptions,
+        description="install_cmd runs once per (repo, commit, install_cmd, sandbox kind)",
     )
 
     def cache_path(self) -> Path:

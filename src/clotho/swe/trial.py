@@ -66,7 +66,7 @@ class SweTrial:
             network=options.network_clone,
         )
         # Shared by every trial of the cache (one lock per install key in this process).
-        self.installs = installs or self.cache.install_cache()
+        self.installs = installs or self.cache.install_cache(options.install_cache)
         self._checked: Path | None = None  # the snapshot the record's diffs were checked on
 
     @property
