@@ -509,6 +509,25 @@ async def test_both_stdio_paths_run_commands(docker: Any, stdio: str) -> None:
         assert sb.io_dir is not None and not sb.io_dir.exists()
 
 
+@pytest.mark.parametrize("slots", [1, 2])
+async def test_the_fifo_folder_takes_no_files_from_the_agent(docker: Any, slots: int) -> None:
+    """The host folder behind /.clotho-io is outside the container's disk quota: the shell
+    opens its FIFOs there, and may store nothing (a read-only bind; FIFOs stay writable).
+    Slots without isolation see it too (isolated ones get a tmpfs of their own there)."""
+    config = DockerSandboxConfig(slots_per_container=slots, slot_isolation="none")
+    sb = await open_sandbox(config)
+    try:
+        r = await sb.exec(
+            "for d in /.clotho-io /.clotho-io/*/; do "
+            "  head -c 1000000 /dev/zero > $d/fill 2>/dev/null && echo wrote $d; "
+            "  mkdir $d/sub 2>/dev/null && echo made $d; done; echo end"
+        )
+        assert r.stdout == "end\n", r.stdout
+        assert (await sb.exec("echo still talking")).stdout == "still talking\n"
+    finally:
+        await sb.close()
+
+
 async def test_sandbox_ls_names_fifo_folders_and_slot_containers(docker: Any) -> None:
     run = f"ls-{secrets.token_hex(4)}"
     one = await open_sandbox(DockerSandboxConfig(), labels={"clotho.run": f"{run}-one"})

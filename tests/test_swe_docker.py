@@ -82,7 +82,8 @@ async def test_workspace_upload_passes_the_fifo_folder_and_leaves_nothing(
 ) -> None:
     """A tree upload (a SWE workspace) goes through the bind-mounted FIFO folder, not the
     archive API: what arrives is the tree with its modes, nothing is left in the folder,
-    and links the agent planted there (to a host file) are never followed by the host."""
+    and the agent cannot plant links there (to a host file): the folder is a read-only bind
+    in the container (the host also never follows links there: `XferDir`)."""
     victim = tmp_path / "victim"
     victim.write_text("host file\n")
     tree = tmp_path / "tree"
@@ -97,10 +98,10 @@ async def test_workspace_upload_passes_the_fifo_folder_and_leaves_nothing(
             assert io_dir is not None
             before = {p.name for p in io_dir.iterdir()}
             planted = await box.exec(
-                f"for i in $(seq 50); do ln -s {victim} /.clotho-io/upload-$i; done; "
-                f"ln -s {victim} /.clotho-io/upload-; echo ok"
+                f"for i in $(seq 50); do ln -s {victim} /.clotho-io/upload-$i 2>/dev/null; done; "
+                f"ln -s {victim} /.clotho-io/upload- 2>/dev/null || echo refused"
             )
-            assert planted.stdout.strip() == "ok"
+            assert planted.stdout.strip() == "refused"
 
             async def no_archive_request(*_: object) -> None:
                 raise AssertionError("the upload used the archive API")
@@ -109,9 +110,7 @@ async def test_workspace_upload_passes_the_fifo_folder_and_leaves_nothing(
             await box.upload(tree, "/testbed")
             ran = await box.exec("./pkg/run.sh && cat README && stat -c %a pkg/run.sh")
             assert ran.stdout.split() == ["ran", "hello", "755"]
-            left = {p.name for p in io_dir.iterdir()} - before
-            assert all(name.startswith("upload-") and (io_dir / name).is_symlink() for name in left)
-            assert len(left) == 51
+            assert {p.name for p in io_dir.iterdir()} == before
         finally:
             await pool.release(box)
     assert victim.read_text() == "host file\n"

@@ -242,7 +242,9 @@ class DockerSandbox(ShellBackedSandbox):
             if config.stdio == "fifo" and getattr(docker.connector, "path", None):
                 io_dir = make_state_dir(config.state_dir, {**labels, DOCKER_IO: "1"}, lease_s)
                 make_fifos(io_dir)
-                body["HostConfig"]["Binds"] = [f"{io_dir}:{FIFO_MOUNT}"]
+                # Read-only: the shell opens its FIFOs (writable on a read-only mount) and reads uploads
+                # the host puts there; it can store nothing outside its own disk quota.
+                body["HostConfig"]["Binds"] = [f"{io_dir}:{FIFO_MOUNT}:ro"]
                 shell = None
                 if not (await images.get(config.image)).entrypoint:
                     container, shell = await cls._main_shell(docker, body, config, io_dir)

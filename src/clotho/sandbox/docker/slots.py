@@ -352,7 +352,7 @@ class SlotHost:
             box.io_dir = await asyncio.to_thread(
                 make_state_dir, config.state_dir, {**box.labels, DOCKER_IO: "1"}, box.lease_s
             )
-            body["HostConfig"]["Binds"] = [f"{box.io_dir}:{FIFO_MOUNT}"]
+            body["HostConfig"]["Binds"] = [f"{box.io_dir}:{FIFO_MOUNT}:ro"]  # FIFOs only
         try:
             box.container = await self.docker.containers.create(
                 body, name=f"clotho-{secrets.token_hex(6)}"
