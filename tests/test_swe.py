@@ -407,3 +407,30 @@ def test_swe_environment_rollouts_are_bounded_in_time() -> None:
     assert default.agent([]).limits.time_limit_s == 42
     own = SweEnv(SweEnvConfig(time_limit_s=5), model=NoModel())  # type: ignore[arg-type]
     assert own.agent([]).limits.time_limit_s == 5
+
+
+@requires_bwrap
+def test_process_generates_instances_from_a_repository(tmp_path: Path) -> None:
+    """`clotho process swe --generate REPO`: instances made on the fly, a group scored (the
+    agent is a scripted model, the TEST DOUBLE for a hosted one, that changes nothing)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.real_tokenizers import QWEN_DIR
+    from tests.scripted_openai import ScriptedOpenAIServer, assistant
+
+    repo = build_toys(tmp_path / "repos", instances=None)[1]  # calendar_utils
+    git("reset", "-q", "--hard", "HEAD~1", cwd=repo)
+    out = tmp_path / "groups.jsonl"
+    with ScriptedOpenAIServer(default=assistant("I changed nothing.")) as server:
+        proc = subprocess.run(
+            [sys.executable, "-m", "clotho", "process", "swe", "--generate", str(repo),
+             "--set", "generate_n=1", "--n-groups", "1", "--group-size", "2",
+             "--model", "m", "--base-url", server.base_url, "--tokenizer", str(QWEN_DIR),
+             "--out", str(out)],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (group,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert group["scores"] == [0.0, 0.0]  # nothing changed: the generated bug is still there

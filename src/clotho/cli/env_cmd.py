@@ -73,6 +73,10 @@ def process_command(
     instances: Annotated[
         list[str] | None, typer.Option(help="instance files (environments with `instances`)")
     ] = None,
+    generate: Annotated[
+        Path | None,
+        typer.Option(help="swe: generate instances from this git repository instead of files"),
+    ] = None,
     save_tasks: Annotated[
         Path | None,
         typer.Option(
@@ -119,6 +123,8 @@ def process_command(
         sets.append(f"sandbox.slots_per_container={slots_per_container}")
     if instances:
         sets.append(f"instances={json.dumps(instances)}")
+    if generate:
+        sets.append(f"generate={json.dumps(str(generate))}")
     if save_tasks:
         sets.append(f"save_tasks={json.dumps(str(save_tasks))}")
     if max_items:
