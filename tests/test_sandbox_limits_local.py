@@ -77,18 +77,24 @@ async def open_limited(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
 # --- memory --------------------------------------------------------------------------------
 
 
-async def test_memory_beyond_the_limit_kills_the_command_and_says_why(open_limited) -> None:
+async def test_memory_beyond_the_limit_is_limit_exceeded(open_limited) -> None:
+    """A process killed for memory is a limit exceeded, even when the shell lives through
+    it: the trial fails with kind `limit`, as on Docker, and every later call says so."""
     sb = await open_limited(memory_mb=128)
     mem = cgroup("memory", sb.state.name)
     assert (mem / "memory.limit_in_bytes").read_text().strip() == str(128 << 20)
     assert (mem / "memory.memsw.limit_in_bytes").read_text().strip() == str(128 << 20)
     started = time.monotonic()
-    result = await sb.exec("head -c 300M /dev/zero | tail; echo rc=$?", timeout=60)
+    with pytest.raises(LimitExceeded, match="memory limit of 128 MB reached"):
+        await sb.exec("head -c 300M /dev/zero | tail; echo rc=$?", timeout=60)
     assert time.monotonic() - started < 30
-    assert result.stdout.strip().endswith("rc=137")  # tail was killed
-    assert "[clotho: memory limit of 128 MB reached]" in result.stderr
     assert int((mem / "agent" / "memory.oom_control").read_text().split()[-1]) >= 1
-    # The shell lived through it: the sandbox still works, and a clean command has no note.
+    with pytest.raises(LimitExceeded, match="memory limit"):
+        await sb.exec("echo again")
+
+
+async def test_memory_within_the_limit_is_no_limit(open_limited) -> None:
+    sb = await open_limited(memory_mb=128)
     again = await sb.exec("python3 -c 'x = bytearray(32 << 20); print(len(x))'")
     assert again.ok and again.stdout == f"{32 << 20}\n" and "clotho" not in again.stderr
 
@@ -96,14 +102,9 @@ async def test_memory_beyond_the_limit_kills_the_command_and_says_why(open_limit
 async def test_memory_the_shell_cannot_survive_is_limit_exceeded(open_limited) -> None:
     sb = await open_limited(memory_mb=128)
     # /tmp is a tmpfs: its pages are charged to the sandbox and no kill frees them, so the
-    # shell dies, while this command runs or (after a restart of the session shell that this
-    # command reports, with its note) at the next one.
+    # shell may die too; either way the command is the limit's.
     with pytest.raises(LimitExceeded, match="memory limit of 128 MB reached"):
-        result = await sb.exec("head -c 300M /dev/zero > /tmp/fill; echo survived", timeout=60)
-        assert "survived" not in result.stdout
-        assert "[clotho: memory limit of 128 MB reached]" in result.stderr
-        for _ in range(5):
-            await sb.exec("echo again")
+        await sb.exec("head -c 300M /dev/zero > /tmp/fill; echo survived", timeout=60)
     with pytest.raises(LimitExceeded, match="memory limit"):
         await sb.exec("echo again")
 
@@ -136,12 +137,11 @@ async def test_a_fork_bomb_is_contained_and_ends_the_sandbox(open_limited) -> No
         await sb.exec("echo gone")
 
 
-async def test_a_transient_burst_of_forks_is_a_failed_command(open_limited) -> None:
+async def test_a_transient_burst_of_forks_is_limit_exceeded(open_limited) -> None:
+    """Forks refused by the process limit are a limit exceeded, even when the burst passes."""
     sb = await open_limited(pids_limit=32)
-    result = await sb.exec("for i in $(seq 60); do sleep 1 & done; wait; echo done", timeout=30)
-    assert "fork" in result.stderr  # bash retried its forks, or gave up
-    assert "[clotho: process limit of 32 reached]" in result.stderr
-    assert (await sb.exec("sleep 1.5; echo still here")).stdout == "still here\n"
+    with pytest.raises(LimitExceeded, match="process limit of 32 reached"):
+        await sb.exec("for i in $(seq 60); do sleep 1 & done; wait; echo done", timeout=30)
 
 
 # --- storage -------------------------------------------------------------------------------

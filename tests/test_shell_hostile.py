@@ -276,7 +276,9 @@ async def test_a_background_flood_between_commands_keeps_memory_bounded(
     done = tmp_path / "flood.done"
     before = vm_kb("VmHWM")
     r = await shell.run(
-        f"(yes | head -c 2G; yes | head -c 512M >&2; touch {done}) & echo started", timeout=10
+        # It starts after this command has ended (else its first bytes are this command's).
+        f"(sleep 0.5; yes | head -c 2G; yes | head -c 512M >&2; touch {done}) & echo started",
+        timeout=10,
     )
     assert r.stdout == "started\n"
     deadline = time.monotonic() + 240

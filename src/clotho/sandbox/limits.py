@@ -327,12 +327,11 @@ class SandboxLimits:
     async def guard(self, run: Awaitable[ExecResult]) -> ExecResult:
         """Await one command and account for the limits it hit.
 
-        The shell died (SandboxError) while a limit was hit: `LimitExceeded`, since the
-        sandbox is gone because of it. A command whose processes were killed for memory, or
-        whose forks failed, in a living shell is a failed command: its result comes back with
-        a note on stderr, as a machine says "Killed". A process table still full after the
-        command (a fork bomb going on) leaves nothing to work with: the sandbox is killed and
-        `LimitExceeded` raised."""
+        A limit the kernel enforced since the last command (a process killed for memory, a
+        fork refused) is `LimitExceeded`, whether the shell lived through it or not: a limit
+        exceeded is a failed trial of kind `limit`, on this backend as on Docker, and so is
+        every later call. A process table still full after the command (a fork bomb going on)
+        also kills the sandbox."""
         try:
             result = await run
         except SandboxError as exc:
@@ -348,12 +347,10 @@ class SandboxLimits:
             raise LimitExceeded(self.tripped)
         if not hits:
             return result
+        self.tripped = hits[-1]
         if full:
-            self.tripped = hits[-1]
             await asyncio.to_thread(self.kill)
-            raise LimitExceeded(self.tripped)
-        note = "".join(f"\n[clotho: {hit}]" for hit in hits)
-        return result.model_copy(update={"stderr": result.stderr + note})
+        raise LimitExceeded(self.tripped)
 
     # -- storage watch --------------------------------------------------------------------
 
