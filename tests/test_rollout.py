@@ -18,7 +18,7 @@ from clotho.env.driver import produce_groups
 from clotho.env.registry import load_environment
 from clotho.env.scored import ScoredGroup
 from clotho.envs.terminal_test import InlineTask, TerminalTestEnv
-from clotho.errors import ConfigError, SandboxError
+from clotho.errors import ConfigError, LimitExceeded, SandboxError
 from clotho.rollout import RolloutSpec, VerifierOutcome, run_rollout
 from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, Sandbox
 from clotho.sandbox.pool import SlotPool
@@ -100,6 +100,9 @@ def _raising_prompt() -> str:
         ({}, SandboxError("shell died"), "agent", "agent"),
         ({"verify": _raise(ValueError("reward bug"))}, None, "verifier", "verify"),
         ({"prepare": _raise(SandboxError("upload failed"))}, None, "infra", "setup"),
+        # An install that needs more memory than the task allows is the task's, not the agent's.
+        ({"prepare": _raise(LimitExceeded("memory limit reached"))}, None, "task", "setup"),
+        ({}, LimitExceeded("memory limit reached"), "limit", "agent"),
     ],
 )
 async def test_each_phase_failure_has_its_kind_and_is_never_a_reward(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from clotho.agent.base import Agent, AgentContext
 from clotho.agent.result import AgentResult
-from clotho.errors import ClothoError, ErrorInfo, ErrorKind, SandboxError
+from clotho.errors import ClothoError, ErrorInfo, ErrorKind, LimitExceeded, SandboxError
 from clotho.rollout.outcome import Phase, RolloutOutcome, VerifierOutcome
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import SandboxConfig
@@ -111,6 +111,8 @@ async def _sandbox_error(
 
 
 def _error(exc: Exception, phase: Phase) -> ErrorInfo:
+    if isinstance(exc, LimitExceeded) and phase == "setup":  # before the agent: the task's
+        return ErrorInfo(kind="task", message=f"the workspace setup exceeded a limit: {exc}")
     if isinstance(exc, ClothoError):
         return ErrorInfo.of(exc)
     kind = _UNTYPED_KIND[phase]
