@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 from tests.conftest import requires_bwrap
 from tests.docker_probe import DOCKER_PROBLEM, requires_docker
+from tests.test_swe import Script
 
-from clotho.agent.base import AgentContext
 from clotho.agent.reference import OracleAgent
-from clotho.agent.result import AgentResult
 from clotho.errors import SandboxError, TaskError
 from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from clotho.sandbox.pool import PoolConfig, SlotPool
@@ -61,21 +60,6 @@ def make_trial(options: SweOptions, cache: RepoCache | None = None, **fields: st
     cache = cache or RepoCache(options.cache_path(), repos_dir=Path(options.repos_dir or "."))
     cache.network = False
     return SweTrial(SweInstance.model_validate(record(**fields)), options, cache)
-
-
-class Script:
-    """An agent that runs fixed shell commands at /testbed and keeps their output."""
-
-    def __init__(self, *commands: str, name: str = "script") -> None:
-        self.commands = commands
-        self.name = name
-        self.outputs: list[str] = []
-
-    async def run(self, ctx: AgentContext) -> AgentResult:
-        for command in self.commands:
-            result = await ctx.sandbox.exec(command, cwd="/testbed")
-            self.outputs.append(result.stdout + result.stderr)
-        return AgentResult(messages=[{"role": "user", "content": ctx.instruction}])
 
 
 def tar_digest(installs: InstallCache) -> dict[str, str]:
