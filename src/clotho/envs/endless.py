@@ -64,10 +64,8 @@ from clotho.envs.endless_spec import (
 )
 from clotho.envs.harbor_rollouts import HarborRollouts
 from clotho.errors import ClothoError, ConfigError, ModelError, TaskError
-from clotho.sandbox.pool import SlotPool
 from clotho.tasks.environment import environment_spec
 from clotho.tasks.harbor import Task, discover_tasks, load_task
-from clotho.tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 
@@ -148,15 +146,9 @@ class EndlessEnv(HarborRollouts, Environment[Task]):
     config: EndlessConfig
     stats: EndlessStats
 
-    def __init__(
-        self,
-        config: EnvConfig,
-        *,
-        model: Model | None = None,
-        registry: ToolRegistry | None = None,
-        pool: SlotPool | None = None,
-    ) -> None:
-        super().__init__(config, model=model, registry=registry, pool=pool)
+    def __init__(self, config: EnvConfig, **kwargs: Any) -> None:
+        """`Environment`'s arguments (model, registry, pool), plus the generation state."""
+        super().__init__(config, **kwargs)
         self.stats = EndlessStats()
         self.generator: Model | None = None
         self._own_generator = False
