@@ -109,6 +109,11 @@ class Environment(abc.ABC, Generic[Item]):
         """One sample per item of the environment's evaluation set."""
         raise NotImplementedError(f"{type(self).__name__} has no evaluation set")
 
+    def has_evaluation(self) -> bool:
+        """Whether `evaluate()` can run (serve refuses `steps_per_eval` otherwise). Default:
+        the subclass defines it; one whose evaluation set is configured says so."""
+        return type(self).evaluate is not Environment.evaluate
+
     # -- resuming (clotho serve --state-dir) --------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:

@@ -99,10 +99,8 @@ class ServeLifecycle:
         config = env.config
         self.total_steps = config.total_steps
         self.steps_per_eval = config.steps_per_eval or None
-        if self.steps_per_eval and type(env).evaluate is Environment.evaluate:
-            raise ConfigError(
-                f"{env.name} has no evaluation set (it defines no evaluate()): drop steps_per_eval"
-            )
+        if self.steps_per_eval and not env.has_evaluation():
+            raise ConfigError(f"{env.name} has no evaluation set: drop steps_per_eval")
         self.ledger = ItemLedger(env, check_resumable=True)
         self.step = 0
         self.last_eval: int | None = None

@@ -177,7 +177,7 @@ class EndlessEnv(HarborRollouts, Environment[Task]):
                 "endless runs model-written setup scripts, tests and solutions: it needs an "
                 "isolating sandbox (local bubblewrap or docker), not unsafe-local"
             )
-        if self.config.steps_per_eval and not self.config.eval_tasks:
+        if self.config.steps_per_eval and not self.has_evaluation():
             raise ConfigError(_NO_EVALUATION_SET)
         if self.config.save_tasks:
             self.folder = Path(self.config.save_tasks).resolve()
@@ -188,6 +188,9 @@ class EndlessEnv(HarborRollouts, Environment[Task]):
             )
             self.folder = self._temporary
         self._require_pool()
+
+    def has_evaluation(self) -> bool:
+        return bool(self.config.eval_tasks)
 
     @property
     def build_settings(self) -> BuildSettings:
