@@ -51,7 +51,6 @@ WRITE_RATE = 2 << 30
 _MIN_INTERVAL_S = 0.2
 _MAX_INTERVAL_S = 10.0
 _WALK_SHARE = 20  # wait at least this many times as long as the last walk took
-_FULL_SHARE = 0.9  # a process table this full after a command is a fork bomb still going
 
 
 def controllers(config: LocalSandboxConfig) -> tuple[str, ...]:
@@ -308,21 +307,17 @@ class SandboxLimits:
             _read_counter(self._fds.get("pids", -1), "max"),
         )
 
-    def _hits(self) -> tuple[list[str], bool]:
-        """Limits hit since the last look, and whether the process table is still full."""
+    def _hits(self) -> list[str]:
+        """Limits hit since the last look."""
         now, before = self._counters(), self._seen
         self._seen = now
         hits: list[str] = []
         if now.oom_kills > before.oom_kills:
             hits.append(f"memory limit of {self.limits.memory_mb} MB reached")
-        full = False
         if now.pids_max > before.pids_max:
             hits.append(f"process limit of {self.limits.pids} reached")
-            with contextlib.suppress(OSError, ValueError):
-                current = int(self._path("pids", "pids.current").read_text())
-                full = current >= self.limits.pids * _FULL_SHARE
         self._last_hit = hits[-1] if hits else self._last_hit
-        return hits, full
+        return hits
 
     async def guard(self, run: Awaitable[ExecResult]) -> ExecResult:
         """Await one command and account for the limits it hit.
@@ -330,26 +325,26 @@ class SandboxLimits:
         A limit the kernel enforced since the last command (a process killed for memory, a
         fork refused) is `LimitExceeded`, whether the shell lived through it or not: a limit
         exceeded is a failed trial of kind `limit`, on this backend as on Docker, and so is
-        every later call. A process table still full after the command (a fork bomb going on)
-        also kills the sandbox."""
+        every later call; what still runs in the sandbox is killed."""
         try:
             result = await run
         except SandboxError as exc:
-            hits, _ = self._hits()
+            hits = self._hits()
             # A shell killed with the limit hit earlier (a full tmpfs starves it after the
             # command that filled it was reported) died of that limit too.
             self.tripped = self.tripped or (hits[0] if hits else self._last_hit)
             if self.tripped is not None:  # and so on every later call
                 raise LimitExceeded(self.tripped) from exc
             raise
-        hits, full = self._hits()
+        hits = self._hits()
         if self.tripped is not None:
             raise LimitExceeded(self.tripped)
         if not hits:
             return result
+        # The sandbox is done with (every later call raises): end what runs in it, so a fork
+        # bomb or a hog in the background stops now, not when the sandbox is closed.
         self.tripped = hits[-1]
-        if full:
-            await asyncio.to_thread(self.kill)
+        await asyncio.to_thread(self.kill)
         raise LimitExceeded(self.tripped)
 
     # -- storage watch --------------------------------------------------------------------
