@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import struct
 import subprocess
 import sys
@@ -111,6 +112,16 @@ def server(runs: Path) -> Iterator[str]:
         line = proc.stderr.readline() if proc.stderr else ""
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         assert match, f"no address printed: {line!r}"
+        # The address is printed just before uvicorn binds: wait until it listens.
+        port = int(match.group(1))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "clotho view never listened"
+                time.sleep(0.05)
         yield match.group(0)
     finally:
         proc.terminate()
