@@ -9,6 +9,15 @@ processes; otherwise it kills the shell's process tree (a process that left it, 
 fork and setsid, is out of reach). `exec_fresh` is a new `bash` on the host with the base
 environment; `digests` hashes host paths (nothing is private to the sandbox). None of this
 makes the verdict trustworthy: the agent could have changed anything on the host.
+
+The harness's own folders are the sandbox's, not the host's: as root, every process of the
+sandbox (the shell and each fresh process) starts in a private mount namespace whose root
+is the host's (each top-level entry bound, so the agent sees and changes the real host) with
+/tests, /logs and /solution bound from the sandbox's state folder. Concurrent trials never
+share them, and nothing is written to the host's /tests or /logs (a leftover there, owned by
+root, would break every later local trial's verifier). Without root (no mounts), sandboxes on
+this host take turns from `stop_agent` (the start of verification) to `close`, under a lock
+file, so two verifiers never share those folders at once.
 """
 
 from __future__ import annotations
@@ -16,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import os
+import posixpath
 import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +45,50 @@ from clotho.sandbox.state import remove_state_dir, state_dir_until_started
 from clotho.sandbox.transfer import copy_host_file, read_host_file, too_big, write_host_file
 
 DEFAULT_DOWNLOAD_LIMIT = 1 << 30
+# The harness's folders: private to each sandbox (bound from its state folder).
+PRIVATE_DIRS = ("tests", "logs", "solution")
+# Without root: verifications on this host take turns under this lock.
+HOST_LOCK = Path(tempfile.gettempdir()) / "clotho-unsafe-local-verify.lock"
+_LOCK_POLL_S = 0.05
+
+# `unshare --mount` runs this as root: a tmpfs root holding the host's top-level entries
+# (bound recursively, links copied) and the sandbox's private folders, then chroot into it.
+# The entry holding the state folder is bound first, while the new root is still empty, so
+# its copy does not hold the new root's own mounts.
+_PRIVATE_ROOT = r"""set -eu
+state=$0; cwd=$1; shift
+root=$state/root
+mount -t tmpfs -o mode=0755 clotho "$root"
+bind() {
+  case $1 in ""|tests|logs|solution) return 0 ;; esac
+  if [ -e "$root/$1" ] || [ -L "$root/$1" ]; then return 0; fi
+  if [ -L "/$1" ]; then ln -s "$(readlink "/$1")" "$root/$1"
+  elif [ -d "/$1" ]; then mkdir "$root/$1"; mount --rbind "/$1" "$root/$1"
+  elif [ -e "/$1" ]; then : > "$root/$1"; mount --bind "/$1" "$root/$1"
+  fi
+}
+top=${state#/}
+bind "${top%%/*}"
+for entry in /* /.[!.]* /..?*; do
+  if [ -e "$entry" ] || [ -L "$entry" ]; then bind "${entry#/}"; fi
+done
+for name in tests logs solution; do
+  mkdir "$root/$name"
+  mount --bind "$state/$name" "$root/$name"
+done
+exec chroot "$root" /bin/sh -c 'cd -- "$0" 2>/dev/null || cd /; exec "$@"' "$cwd" "$@"
+"""
+
+
+def private_mounts_available() -> bool:
+    """Root with `unshare`, `mount` and `chroot`: each sandbox gets its own harness folders."""
+    return os.geteuid() == 0 and all(shutil.which(p) for p in ("unshare", "mount", "chroot"))
+
+
+def _namespace_argv(state: Path, cwd: str) -> list[str]:
+    """argv prefix that runs the rest in the sandbox's private mount namespace."""
+    return ["unshare", "--mount", "--propagation", "private", "--",
+            "/bin/sh", "-c", _PRIVATE_ROOT, str(state), cwd]  # fmt: skip
 
 
 class UnsafeLocalSandbox(ShellBackedSandbox):
@@ -43,6 +99,9 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
         self.state = state
         self.config = config or UnsafeLocalSandboxConfig()
         self._cgroups = cgroups
+        # The harness folders are the state folder's (see the module docstring).
+        self.private = (state / "root").is_dir()
+        self._host_lock: int | None = None
 
     @classmethod
     async def create(
@@ -52,8 +111,13 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
         with state_dir_until_started(config.state_dir, labels) as state:
             (state / "app").mkdir()
             (state / "home").mkdir()
+            if private_mounts_available():
+                for name in (*PRIVATE_DIRS, "root"):
+                    (state / name).mkdir()
             cgroups = SandboxCgroups.create(state.name) if os.geteuid() == 0 else None
             prefix = cgroups.enter_argv() if cgroups is not None else []
+            if (state / "root").is_dir():
+                prefix += _namespace_argv(state, str(state / "app"))
             shell = PersistentShell(
                 [*prefix, "bash", "--noprofile", "--norc"],
                 env=base_env(str(state / "home"), {"TMPDIR": str(state), **config.env}),
@@ -64,6 +128,17 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
             await shell.start()
         return cls(state, shell, labels, config, cgroups)
 
+    def resolve(self, path: str) -> str:
+        """Host path for `path`: /tests, /logs and /solution are the sandbox's own folders."""
+        resolved = super().resolve(path)
+        if self.private:
+            top, _, rest = resolved.lstrip("/").partition("/")
+            if top in PRIVATE_DIRS:
+                return (
+                    posixpath.join(str(self.state / top), rest) if rest else str(self.state / top)
+                )
+        return resolved
+
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
         home = str(self.state / "home")
         return base_env(home, {"TMPDIR": str(self.state), **self.config.env, **(extra or {})})
@@ -72,12 +147,14 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
         """A new `bash` on the host (its own cgroup as root): ends with all it started."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
+        cwd = self.resolve(call.cwd or self.workdir)
+        prefix = _namespace_argv(self.state, cwd) if self.private else []
         return await run_fresh_call(
-            ["bash", "--noprofile", "--norc", "-c", call.cmd],
+            [*prefix, "bash", "--noprofile", "--norc", "-c", call.cmd],
             call,
             cgroups=self._cgroups,
             env=self._env(call.env),
-            cwd=self.resolve(call.cwd or self.workdir),
+            cwd=cwd,
         )
 
     async def stop_agent(self) -> None:
@@ -86,6 +163,8 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
         if self._closed:
             raise SandboxError("the sandbox is closed")
         self._stopped = True
+        if not self.private and self._host_lock is None:
+            self._host_lock = await _take_host_lock()
         cgroups = self._cgroups
         if cgroups is not None:
 
@@ -161,7 +240,32 @@ class UnsafeLocalSandbox(ShellBackedSandbox):
             await asyncio.to_thread(self._cgroups.destroy)
 
     async def _release(self) -> None:
-        await asyncio.to_thread(remove_state_dir, self.state)
+        try:
+            await asyncio.to_thread(remove_state_dir, self.state)
+        finally:
+            if self._host_lock is not None:
+                os.close(self._host_lock)  # closing the descriptor drops the lock
+                self._host_lock = None
+
+
+async def _take_host_lock() -> int:
+    """The host-wide verification turn (no root: the host's /tests and /logs are shared).
+    Polled, not blocking a thread: many sandboxes may wait at once."""
+    try:
+        fd = os.open(HOST_LOCK, os.O_RDONLY | os.O_CLOEXEC)  # another user's file: no O_CREAT
+    except FileNotFoundError:
+        fd = os.open(HOST_LOCK, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                pass
+            await asyncio.sleep(_LOCK_POLL_S)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _tree_size(root: Path) -> int:
