@@ -9,6 +9,11 @@ working tree is not touched), made with fixed author and dates so the same bug i
 the same commit; the gold patch is the reverse of the injection; the problem statement is
 written from the failing tests (names, assertion messages, a short traceback), never from
 the diff.
+
+The repository is read, never worked in: its HEAD is fetched into a private bare clone
+(only its upload-pack runs), trees and bug commits are made there, and the kept bugs' refs
+are published by one fetch run in the repository. Every git call is `repos.git`, under
+`SAFE_CONFIG`: the repository's hooks, fsmonitor and other configured programs never run.
 """
 
 from __future__ import annotations
@@ -21,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from clotho.errors import ConfigError
+from clotho.errors import ConfigError, TaskError
 from clotho.sandbox import LocalSandboxConfig, Sandbox, SandboxConfig, open_sandbox
 from clotho.swe.mutate import Mutation, mutations, sample
-from clotho.swe.repos import git
+from clotho.swe.repos import git, private_clone, publish_refs
 from clotho.swe.runner import TestCase, parse_junit, runner_files
 
 log = logging.getLogger(__name__)
@@ -49,25 +54,42 @@ def commit_env() -> dict[str, str]:
 
 
 def _git_ok(
-    *args: str | Path, cwd: Path, stdin: str | None = None, env: dict[str, str] | None = None
+    git_dir: Path, *args: str | Path, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> str:
-    result = git(*args, cwd=cwd, stdin=stdin, env=env)
+    """git in our own (private) repository `git_dir`; a failure is a `ConfigError`."""
+    result = git("--git-dir", git_dir, *args, stdin=stdin, env=env)
     if result.returncode != 0:
         raise ConfigError(f"git {' '.join(map(str, args))[:200]}: {result.stderr.strip()[-300:]}")
     return result.stdout
 
 
-def bug_commit(repo: Path, parent: str, instance_id: str, patch_reverse: str) -> str:
-    """Commit the bug (the gold patch applied in reverse to `parent`) under BUG_REF."""
+def _private(repo: Path, into: Path) -> tuple[Path, str]:
+    try:
+        return private_clone(repo, into)
+    except TaskError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _publish(bare: Path, repo: Path, refs: list[str]) -> None:
+    try:
+        publish_refs(bare, repo, refs)
+    except TaskError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def bug_commit(git_dir: Path, parent: str, instance_id: str, patch_reverse: str) -> str:
+    """Commit the bug (the gold patch applied in reverse to `parent`) under BUG_REF in our
+    private repository `git_dir`; `publish_refs` copies it to the user's."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**commit_env(), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        _git_ok("read-tree", parent, cwd=repo, env=env)
-        _git_ok("apply", "--cached", "-R", "-", cwd=repo, stdin=patch_reverse, env=env)
-        tree = _git_ok("write-tree", cwd=repo, env=env).strip()
+        _git_ok(git_dir, "read-tree", parent, env=env)
+        _git_ok(git_dir, "apply", "--cached", "-R", "-", stdin=patch_reverse, env=env)
+        tree = _git_ok(git_dir, "write-tree", env=env).strip()
         sha = _git_ok(
-            "commit-tree", tree, "-p", parent, "-m", f"clotho bug {instance_id}", cwd=repo, env=env
-        ).strip()
-    _git_ok("update-ref", f"{BUG_REF}/{instance_id}", sha, cwd=repo)
+            git_dir, "commit-tree", "--no-gpg-sign", tree, "-p", parent, "-m",
+            f"clotho bug {instance_id}", env=env,
+        ).strip()  # fmt: skip
+    _git_ok(git_dir, "update-ref", f"{BUG_REF}/{instance_id}", sha)
     return sha
 
 
@@ -135,14 +157,29 @@ def _is_test_file(path: str) -> bool:
     )  # fmt: skip
 
 
-def source_files(repo: Path, commit: str) -> list[str]:
-    """Python files of the commit that are not tests (nor setup scripts, docs, examples)."""
-    names = _git_ok("ls-tree", "-r", "--name-only", commit, cwd=repo).splitlines()
+def source_files(git_dir: Path, commit: str) -> list[str]:
+    """Regular Python files of the commit that are not tests (nor setup scripts, docs,
+    examples); links and submodules are never candidates."""
+    listing = _git_ok(git_dir, "ls-tree", "-r", "-z", "--full-tree", commit)
+    names = []
+    for entry in listing.split("\0"):
+        meta, _, name = entry.partition("\t")
+        if meta.split(" ")[:2] in (["100644", "blob"], ["100755", "blob"]):
+            names.append(name)
     skip = ("docs/", "doc/", "examples/", "benchmarks/", "setup.py", "noxfile.py")
     return [
         n for n in names
         if n.endswith(".py") and not _is_test_file(n) and not n.startswith(skip)
     ]  # fmt: skip
+
+
+def _check_out(git_dir: Path, commit: str, dest: Path) -> None:
+    """The commit's files into `dest` (no `.git`), from our private repository."""
+    dest.mkdir()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        _git_ok(git_dir, "--work-tree", dest, "read-tree", commit, env=env)
+        _git_ok(git_dir, "--work-tree", dest, "checkout-index", "-a", "-f", env=env)
 
 
 async def generate(
@@ -164,20 +201,19 @@ async def generate(
     repo = repo.resolve()
     if not (repo / ".git").exists() and not (repo / "HEAD").exists():
         raise ConfigError(f"{repo}: not a git repository")
-    parent = _git_ok("rev-parse", "HEAD^{commit}", cwd=repo).strip()
-    files = source_files(repo, parent)
-    candidates: list[Mutation] = []
-    for path in files:
-        text = _git_ok("show", f"{parent}:{path}", cwd=repo)
-        candidates += mutations(path, text)
-    chosen = sample(candidates, max_tries or 6 * n, seed)
     config = sandbox_config or LocalSandboxConfig(workdir=TESTBED)
     config = config.model_copy(update={"workdir": TESTBED})
     name = repo.name
     instances: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
+        bare, parent = _private(repo, Path(tmp))
+        candidates: list[Mutation] = []
+        for path in source_files(bare, parent):
+            text = _git_ok(bare, "show", f"{parent}:{path}")
+            candidates += mutations(path, text)
+        chosen = sample(candidates, max_tries or 6 * n, seed)
         snapshot = Path(tmp) / "tree"
-        _git_ok("worktree", "add", "-q", "--detach", snapshot, parent, cwd=repo)
+        _check_out(bare, parent, snapshot)
         runner = Path(tmp) / "runner"
         for rel, data in {**runner_files(), "ids.json": b"[]"}.items():
             (runner / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -209,30 +245,33 @@ async def generate(
                     p2p = sorted(passing & now)
                     if not f2p or not p2p or len(f2p) > max_fail_fraction * len(passing):
                         continue  # nothing broke, or (nearly) everything did: no clue where
-                    instance = _instance(repo, name, parent, mutation, f2p, p2p, after,
+                    instance = _instance(bare, repo, name, parent, mutation, f2p, p2p, after,
                                          repo_field)  # fmt: skip
                     instances.append(instance)
                     if progress:
                         progress(f"kept {instance['instance_id']}: {len(f2p)} fail to pass")
         finally:
-            git("worktree", "remove", "--force", snapshot, cwd=repo)
-            git("worktree", "prune", cwd=repo)
+            kept = [f"{BUG_REF}/{i['instance_id']}" for i in instances]
+            _publish(bare, repo, kept)
     return instances
 
 
 def _instance(
-    repo: Path, name: str, parent: str, mutation: Mutation, f2p: list[str], p2p: list[str],
-    after: SuiteRun, repo_field: str | None,
+    bare: Path, repo: Path, name: str, parent: str, mutation: Mutation, f2p: list[str],
+    p2p: list[str], after: SuiteRun, repo_field: str | None,
 ) -> dict:  # fmt: skip
     digest = hashlib.sha256(mutation.source.encode()).hexdigest()[:8]
     instance_id = f"{name}.{mutation.kind}.{digest}"
     with tempfile.TemporaryDirectory() as tmp:
         fixed, broken = Path(tmp) / "a", Path(tmp) / "b"
-        fixed.write_text(_git_ok("show", f"{parent}:{mutation.path}", cwd=repo))
+        fixed.write_text(_git_ok(bare, "show", f"{parent}:{mutation.path}"))
         broken.write_text(mutation.source)
-        raw = git("diff", "--no-index", "--no-color", broken, fixed).stdout
+        raw = git(
+            "diff", "--no-index", "--no-color", "--no-ext-diff", "--no-textconv", broken, fixed,
+            cwd=Path(tmp),
+        ).stdout  # fmt: skip
     gold = _relabel(raw, str(broken), str(fixed), mutation.path)
-    base = bug_commit(repo, parent, instance_id, gold)
+    base = bug_commit(bare, parent, instance_id, gold)
     cases = after.by_id()
     return {
         "instance_id": instance_id,
@@ -281,8 +320,10 @@ def rebuild_bugs(instances_file: Path, repos_root: Path | None = None) -> list[s
             repo = repos_root / record["repo"].rsplit("/", 1)[-1]
         elif not repo.is_absolute():
             repo = instances_file.parent / repo
-        parent = _git_ok("rev-parse", "HEAD^{commit}", cwd=repo).strip()
-        sha = bug_commit(repo, parent, record["instance_id"], record["patch"])
+        with tempfile.TemporaryDirectory() as tmp:
+            bare, parent = _private(repo, Path(tmp))
+            sha = bug_commit(bare, parent, record["instance_id"], record["patch"])
+            _publish(bare, repo, [f"{BUG_REF}/{record['instance_id']}"])
         if sha != record["base_commit"]:
             mismatched.append(record["instance_id"])
     return mismatched

@@ -48,6 +48,30 @@ GIT_ENV = {
     "GIT_COMMITTER_EMAIL": "clotho@localhost",
     "LC_ALL": "C",
 }
+# Repositories arrive with their own `.git` (datasets, mirror folders), and its config can
+# name programs: hooks, an fsmonitor, filters, a signing program, credential helpers, an
+# alternates command, a transport rewritten to ssh or ext. Given on the command line, these
+# outrank the repository's config in every git call on the host. (Filters, diff drivers and
+# `uploadpack.packObjectsHook` are only honoured from our own repositories' config and the
+# command line, which name none.) A local push would run the target's hooks in its own
+# receive-pack, which does not see these: refs are published by a fetch run in the target.
+SAFE_CONFIG = (
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "core.alternateRefsCommand=true",
+    "core.askPass=",
+    "credential.helper=",
+    "commit.gpgSign=false",
+    "tag.gpgSign=false",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "submodule.recurse=false",
+    "fetch.recurseSubmodules=false",
+    "protocol.allow=never",
+    "protocol.file.allow=always",
+    "protocol.https.allow=always",
+)
+_SAFE_ARGS = [arg for pair in SAFE_CONFIG for arg in ("-c", pair)]
 
 
 def git(
@@ -57,11 +81,13 @@ def git(
     timeout: float = GIT_TIMEOUT_S,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run git without the user's configuration; never raises for a failing command."""
+    """Run git on the host: no user or system configuration, and none of the programs a
+    repository's own config names (`SAFE_CONFIG`); never raises for a failing command.
+    Without `cwd` it runs in `/`, never in a repository it happens to be started from."""
     full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.devnull, **GIT_ENV}
     return subprocess.run(
-        ["git", *map(str, args)],
-        cwd=cwd,
+        ["git", *_SAFE_ARGS, *map(str, args)],
+        cwd=cwd or "/",
         input=stdin,
         capture_output=True,
         text=True,
@@ -69,6 +95,42 @@ def git(
         timeout=timeout,
         check=False,
     )
+
+
+def git_dir_of(repo: Path) -> Path:
+    """The git directory of a repository folder (its `.git`, or the folder when bare)."""
+    return repo / ".git" if (repo / ".git").exists() else repo
+
+
+def private_clone(repo: Path, into: Path, ref: str = "HEAD") -> tuple[Path, str]:
+    """(a bare repository of ours under `into` holding `repo`'s `ref`, its commit id).
+    Only `repo`'s upload-pack reads it; everything else runs on the copy."""
+    bare = into / "private.git"
+    _check(git("init", "-q", "--bare", bare), f"cannot make {bare}")
+    fetched = git(
+        "--git-dir", bare, "fetch", "-q", "--no-tags", "--no-write-fetch-head",
+        git_dir_of(repo), f"+{ref}:refs/clotho/base",
+    )  # fmt: skip
+    if fetched.returncode != 0:
+        raise TaskError(f"{repo}: cannot read {ref}: {fetched.stderr.strip()[-300:]}")
+    commit = _check(
+        git("--git-dir", bare, "rev-parse", "--verify", "refs/clotho/base^{commit}"),
+        f"{repo}: {ref} is not a commit",
+    ).strip()
+    return bare, commit
+
+
+def publish_refs(source: Path, repo: Path, refs: list[str]) -> None:
+    """Copy `refs` (and their objects) from our bare `source` into `repo`, by a fetch run in
+    `repo` under `SAFE_CONFIG` (its hooks, auto-gc and alternates command stay off)."""
+    if not refs:
+        return
+    published = git(
+        "--git-dir", git_dir_of(repo), "fetch", "-q", "--no-tags", "--no-write-fetch-head",
+        source, *(f"+{ref}:{ref}" for ref in refs),
+    )  # fmt: skip
+    if published.returncode != 0:
+        raise TaskError(f"cannot write {len(refs)} refs into {repo}: {published.stderr[-300:]}")
 
 
 def _check(result: subprocess.CompletedProcess[str], what: str) -> str:
