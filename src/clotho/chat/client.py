@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from clotho.chat.http import BalancedPoster
+from clotho.chat.http import DEFAULT_MAX_REPLY_BYTES, DEFAULT_REQUEST_TIMEOUT_S, BalancedPoster
 from clotho.chat.reasoning import split_reasoning
 from clotho.chat.types import InvalidToolCall, ModelTurn, ToolCall, Usage
 from clotho.errors import ConfigError
@@ -70,7 +70,22 @@ class ModelConfig(BaseModel):
     api_key_env: str | None = Field(
         "OPENAI_API_KEY", description="name of the environment variable holding the key"
     )
-    timeout_s: float = Field(600.0, description="per request")
+    timeout_s: float = Field(
+        600.0, gt=0, description="each read (and the connection): seconds without a byte"
+    )
+    request_timeout_s: float = Field(
+        DEFAULT_REQUEST_TIMEOUT_S,
+        gt=0,
+        description="each request as a whole, however its bytes trickle in (a reply dripping "
+        "in, a generation that does not end); then a ModelError. Default: 1800, or timeout_s "
+        "if that is longer",
+    )
+    max_reply_bytes: int = Field(
+        DEFAULT_MAX_REPLY_BYTES,
+        ge=1024,
+        description="largest reply body, counted while it streams in (after decompression); "
+        "more stops the read with a ModelError",
+    )
     max_retries: int = 5
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
@@ -84,6 +99,9 @@ class ModelConfig(BaseModel):
         if self.api is None:
             named = "base_url" in self.model_fields_set or self.model != EMBEDDED_MODEL
             self.api = "chat" if named else "local"
+        if "request_timeout_s" not in self.model_fields_set:
+            # a config that raised timeout_s past the default means long requests
+            self.request_timeout_s = max(self.request_timeout_s, self.timeout_s)
         return self
 
     @property
@@ -115,6 +133,8 @@ class EndpointClient:
             backoff_initial_s=config.backoff_initial_s,
             backoff_max_s=config.backoff_max_s,
             unhealthy_cooldown_s=config.unhealthy_cooldown_s,
+            max_reply_bytes=config.max_reply_bytes,
+            request_timeout_s=config.request_timeout_s,
         )
 
     async def aclose(self) -> None:
