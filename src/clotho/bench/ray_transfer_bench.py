@@ -1,22 +1,24 @@
 """How long a big file through the ray backend holds the driver's event loop.
 
-`python -m clotho.bench.ray_transfer_bench [MiB]` starts a one-node local Ray cluster
-(`LocalRayCluster`), then measures, for a file of MiB (default 256), the worst event-loop lag
-(a 1 ms timer's lateness) and the duration of:
+`python -m clotho.bench.ray_transfer_bench [MiB] [--runs N] [--json]` starts a one-node
+local Ray cluster (`LocalRayCluster`), then measures, for a file of MiB (default 256), the
+worst event-loop lag (a 1 ms timer's lateness) and the duration of:
 
 - putting it into the object store in a thread as plain `bytes` (how uploads went before)
   and out of band (`payload.out_of_band`, what `RayBackend.as_value` does now);
 - receiving it (awaiting its reference) in band and out of band (downloads now);
 - `write_file`, `upload` and `download` of a `RaySandbox` end to end.
 
-Each figure is the best of 5 runs: on a shared machine, other processes only add lag. The
+Each figure is the best of 5 runs (`--runs`): on a shared machine, other processes only add lag. The
 end-to-end rows include the node's own work on the same cores, so they say less than the
 first four, which are the driver's alone.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -58,8 +60,11 @@ async def lag_during(work: Callable[[], Awaitable[Any]], runs: int = 5) -> tuple
     return best
 
 
-async def measure(address: str, mib: int) -> list[tuple[str, float, float]]:
+async def measure(address: str, mib: int, runs: int = 5) -> list[tuple[str, float, float]]:
     import ray
+
+    async def timed(work: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
+        return await lag_during(work, runs)
 
     data = os.urandom(mib << 20)
     rows: list[tuple[str, float, float]] = []
@@ -69,11 +74,9 @@ async def measure(address: str, mib: int) -> list[tuple[str, float, float]]:
         await asyncio.to_thread(local.write_bytes, data)
         async with SlotPool(PoolConfig(max_size=2), labels={"clotho.run": "ray-bench"}) as pool:
             box = await pool.acquire(config)  # connects this process to the cluster
-            put_in_band = await lag_during(lambda: asyncio.to_thread(ray.put, ("file", data)))
+            put_in_band = await timed(lambda: asyncio.to_thread(ray.put, ("file", data)))
             rows.append(("ray.put in a thread, bytes in band (before)", *put_in_band))
-            put_out = await lag_during(
-                lambda: asyncio.to_thread(ray.put, ("file", out_of_band(data)))
-            )
+            put_out = await timed(lambda: asyncio.to_thread(ray.put, ("file", out_of_band(data))))
             rows.append(("ray.put in a thread, out of band (now)", *put_out))
             in_band = await asyncio.to_thread(ray.put, ("file", data))
             out = await asyncio.to_thread(ray.put, ("file", out_of_band(data)))
@@ -82,35 +85,44 @@ async def measure(address: str, mib: int) -> list[tuple[str, float, float]]:
                 value = await ref
                 assert memoryview(value[1]).nbytes == len(data)
 
+            rows.append(("await a ref, in band (before)", *await timed(lambda: receive(in_band))))
+            rows.append(("await a ref, out of band (now)", *await timed(lambda: receive(out))))
             rows.append(
-                ("await a ref, in band (before)", *await lag_during(lambda: receive(in_band)))
+                ("RaySandbox.write_file", *await timed(lambda: box.write_file("big", data)))
             )
-            rows.append(("await a ref, out of band (now)", *await lag_during(lambda: receive(out))))
-            rows.append(
-                ("RaySandbox.write_file", *await lag_during(lambda: box.write_file("big", data)))
-            )
-            rows.append(
-                ("RaySandbox.upload", *await lag_during(lambda: box.upload(local, "/app/up")))
-            )
+            rows.append(("RaySandbox.upload", *await timed(lambda: box.upload(local, "/app/up"))))
 
             async def download() -> None:
                 target = Path(folder) / "down.bin"
                 target.unlink(missing_ok=True)
                 await box.download("/app/big", target)
 
-            rows.append(("RaySandbox.download", *await lag_during(download)))
+            rows.append(("RaySandbox.download", *await timed(download)))
             await pool.release(box)
     return rows
 
 
 def main(argv: list[str]) -> None:
-    mib = int(argv[0]) if argv else 256
+    parser = argparse.ArgumentParser(
+        prog="python -m clotho.bench.ray_transfer_bench",
+        description="Event-loop lag of big transfers through the ray backend.",
+    )
+    parser.add_argument("mib", nargs="?", type=int, default=256, help="file size in MiB")
+    parser.add_argument("--runs", type=int, default=5, help="runs per figure (the best is kept)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.mib < 1 or args.runs < 1:
+        parser.error("MiB and --runs must be at least 1")
     cluster = LocalRayCluster(nodes=1).start()
     try:
-        rows = asyncio.run(measure(cluster.address, mib))
+        rows = asyncio.run(measure(cluster.address, args.mib, args.runs))
     finally:
         cluster.stop()
-    print(f"| {mib} MiB | worst loop lag (ms) | duration (ms) |")
+    if args.json:
+        figures = [{"name": name, "lag_ms": lag, "duration_ms": took} for name, lag, took in rows]
+        print(json.dumps({"mib": args.mib, "runs": args.runs, "rows": figures}))
+        return
+    print(f"| {args.mib} MiB | worst loop lag (ms) | duration (ms) |")
     print("|---|---:|---:|")
     for name, lag, took in rows:
         print(f"| {name} | {lag:.1f} | {took:.0f} |")

@@ -53,6 +53,7 @@ class SweBench(BaseModel):
     backend: str
     instance: str
     repo_files: int
+    tests_listed: int  # FAIL_TO_PASS + PASS_TO_PASS: what each verification runs
     rollouts: int
     workspace_ready_p50_ms: float
     workspace_ready_p95_ms: float
@@ -166,6 +167,7 @@ async def run_swe_bench(
         backend=config.backend,
         instance=instance.instance_id,
         repo_files=files,
+        tests_listed=len(instance.FAIL_TO_PASS) + len(instance.PASS_TO_PASS),
         rollouts=rollouts,
         workspace_ready_p50_ms=ready_p50,
         workspace_ready_p95_ms=round(percentile(ready_ms, 95), 2),
