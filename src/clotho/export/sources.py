@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,6 +16,7 @@ from clotho.env.scored import ScoredGroup
 from clotho.errors import ConfigError, describe_validation_error
 from clotho.export.sft import PASS_REWARD, Trajectory
 from clotho.rollout import RolloutOutcome
+from clotho.runs import files
 from clotho.runs.records import EvalConfig, TrialDetail
 from clotho.runs.store import RunStore
 from clotho.tools.builtin import default_registry
@@ -55,7 +56,7 @@ def _run_tools(run_dir: Path) -> list[dict[str, Any]] | None:
     """The tool schemas the run's agent was given (none for `nop`)."""
     path = run_dir / "config.json"
     try:
-        config = EvalConfig.model_validate_json(path.read_bytes())
+        config = EvalConfig.model_validate_json(files.read_file(run_dir, "config.json"))
     except OSError as exc:
         raise ConfigError(
             f"{run_dir} is not an eval run directory (no config.json): {exc}"
@@ -72,18 +73,19 @@ def trajectories_from_run(run_dir: Path) -> Iterator[Trajectory]:
 
     Read at the end of a run (or any time later), so a resumed run's file is complete: an
     attempt that ran again has one line in results.jsonl, its latest. A detail path that
-    leads outside the run's trials folder (a hand-edited or hostile results file) is refused.
+    leads outside the run's trials folder (a hand-edited or hostile results file, a linked
+    `trials/`) is refused, and so is anything but a regular file (a FIFO is never waited on).
     """
     tools = _run_tools(run_dir)
-    trials = (run_dir / "trials").resolve()
     for record in RunStore(run_dir).load_records():
         if record.detail is None:
             continue
-        path = (run_dir / record.detail).resolve()
-        if not path.is_relative_to(trials):
+        path = run_dir / record.detail
+        parts = PurePosixPath(record.detail).parts
+        if len(parts) < 2 or parts[0] != "trials" or ".." in parts:
             raise ConfigError(f"{run_dir}: trial file {record.detail!r} is outside trials/")
         try:
-            detail = TrialDetail.model_validate_json(path.read_bytes())
+            detail = TrialDetail.model_validate_json(files.read_file(run_dir, record.detail))
         except OSError as exc:
             raise ConfigError(f"cannot read trial file {path}: {exc}") from exc
         except ValidationError as exc:

@@ -1,4 +1,7 @@
-"""The run directory: results streamed line by line, metrics and config beside them."""
+"""The run directory: results streamed line by line, metrics and config beside them.
+
+Every file is reached through `files.py`: without following links, regular files only, the
+folder made 0700 and its files 0600."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from clotho.errors import ConfigError
+from clotho.runs import files
 from clotho.runs.records import RunMetrics, TrialDetail, TrialRecord
 
 
@@ -17,10 +21,8 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def _write_json(path: Path, model: BaseModel) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(model.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
+def _write_json(root: Path, rel: str, model: BaseModel) -> None:
+    files.write_file(root, rel, (model.model_dump_json(indent=2) + "\n").encode())
 
 
 class RunStore:
@@ -38,18 +40,31 @@ class RunStore:
         self._superseded |= keys
 
     def prepare(self, resume: bool) -> None:
-        if self.results_path.exists() and not resume:
+        if os.path.lexists(self.results_path) and not resume:
             raise ConfigError(
                 f"{self.root} already holds a run; pass --resume to continue it or choose another --out"
             )
-        self.trials_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            files.make_run_dir(self.root)
+            for name in ("results.jsonl", "config.json", "metrics.json"):
+                if os.path.lexists(self.root / name):
+                    files.stat_file(self.root, name)  # a link or a FIFO: refused here
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.root}: cannot use it as a run folder ({exc}); its files must be "
+                "regular files and trials/ a folder, not links"
+            ) from exc
 
     def load_records(self) -> list[TrialRecord]:
         """Records written so far; a line cut short by a crash is skipped, not fatal."""
-        if not self.results_path.exists():
+        try:
+            text = files.read_file(self.root, "results.jsonl").decode(errors="replace")
+        except FileNotFoundError:
             return []
+        except OSError as exc:
+            raise ConfigError(f"{self.results_path}: cannot read it: {exc}") from exc
         records = []
-        for line in self.results_path.read_text().splitlines():
+        for line in text.splitlines():
             if not line.strip():
                 continue
             try:
@@ -66,32 +81,25 @@ class RunStore:
         record.detail = f"trials/{name}"
         detail.record = record
         async with self._writing:
-            await asyncio.to_thread(self._write, self.trials_dir / name, detail, record)
+            await asyncio.to_thread(self._write, f"trials/{name}", detail, record)
 
-    def _write(self, detail_path: Path, detail: TrialDetail, record: TrialRecord) -> None:
-        _write_json(detail_path, detail)
+    def _write(self, detail_rel: str, detail: TrialDetail, record: TrialRecord) -> None:
+        _write_json(self.root, detail_rel, detail)
         if record.key in self._superseded:
             self._superseded.discard(record.key)
             self._replace_line(record)
             return
-        with self.results_path.open("a") as f:
-            f.write(record.model_dump_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        files.append_line(self.root, "results.jsonl", (record.model_dump_json() + "\n").encode())
 
     def _replace_line(self, record: TrialRecord) -> None:
         """Rewrite results.jsonl without the attempt's earlier lines, then with its new one."""
         kept = [r for r in self.load_records() if r.key != record.key]
-        tmp = self.results_path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as f:
-            f.writelines(r.model_dump_json() + "\n" for r in [*kept, record])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.results_path)
+        text = "".join(r.model_dump_json() + "\n" for r in [*kept, record])
+        files.write_file(self.root, "results.jsonl", text.encode())
 
     def write_config(self, config: BaseModel) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        _write_json(self.root / "config.json", config)
+        files.make_run_dir(self.root)
+        _write_json(self.root, "config.json", config)
 
     def write_metrics(self, metrics: RunMetrics) -> None:
-        _write_json(self.root / "metrics.json", metrics)
+        _write_json(self.root, "metrics.json", metrics)

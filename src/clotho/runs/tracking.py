@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict, Unpack
 
 from clotho.errors import ConfigError
+from clotho.runs import files
 from clotho.runs.metrics import compute_metrics
 from clotho.runs.records import TrialRecord
 from clotho.runs.store import RunStore
@@ -149,13 +150,21 @@ class Tracker:
         self.run.finish()
 
 
+def _run_json(run_dir: Path, rel: str) -> dict[str, Any] | None:
+    """A JSON object of the run folder, reached without links (`files.py`); None else."""
+    try:
+        value = json.loads(files.read_file(run_dir, rel))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def track_run(run_dir: Path, project: str, *, job_type: str = "eval") -> None:
     """Log a run directory (`clotho eval`, `clotho evaluate`): a step per attempt, in the
     order they finished, with the pass rate, reward statistics and error counts so far."""
     store = RunStore(run_dir)
     records = sorted(store.load_records(), key=lambda r: r.finished_at)
-    config_path = run_dir / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    config = _run_json(run_dir, "config.json") or {}
     tracker = Tracker(
         project, name=run_dir.name, config=config, job_type=job_type, directory=run_dir
     )
@@ -194,12 +203,10 @@ def _log_records(
         }
         tracker.log({k: v for k, v in values.items() if v is not None}, step=step)
         prompt, answer, calls = "", "", record.tool_calls
-        if record.detail:
-            path = run_dir / record.detail
-            if path.is_file():
-                detail = json.loads(path.read_text())
-                messages = (detail.get("agent_result") or {}).get("messages") or []
-                prompt, answer, calls = conversation_cells(messages)
+        detail = _run_json(run_dir, record.detail) if record.detail else None
+        if detail is not None:  # read as the viewer does: no link followed, no `..`
+            messages = (detail.get("agent_result") or {}).get("messages") or []
+            prompt, answer, calls = conversation_cells(messages)
         rows.append(
             [
                 record.task,

@@ -5,6 +5,10 @@ byte offset it read up to and reads only what was appended since (a line still b
 written waits for its newline). A file that shrank or was replaced (a resumed run rewrites
 it when an attempt runs again) is read again from the start, under a new `version`, so a
 client that paged through the old one knows to start over.
+
+Files are opened as `runs/files.py` opens them: from the folder the user named, without
+following links (a `trials/` linked elsewhere shows nothing) and regular files only (a FIFO
+is refused, never waited on).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from clotho.errors import UNSCORED_KINDS
+from clotho.runs import files
 from clotho.runs.metrics import compute_metrics
 from clotho.runs.records import RunMetrics, TrialRecord
 
@@ -33,9 +38,10 @@ MESSAGE_CUT = 300
 
 @dataclass
 class _Tail:
-    """Complete lines appended to a file since the last read."""
+    """Complete lines appended to a file (`rel` inside the folder `root`) since the last read."""
 
-    path: Path
+    root: Path
+    rel: str
     offset: int = 0
     inode: tuple[int, int] | None = None
     version: int = 0
@@ -43,20 +49,21 @@ class _Tail:
     def read(self) -> tuple[list[bytes], bool]:
         """(new complete lines, whether the file was replaced and everything is new)."""
         try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
+            fd = files.open_regular(self.root, self.rel)
+        except OSError:  # missing, a link, a FIFO: nothing to show
             reset = self.offset > 0
             if reset:
                 self.offset, self.inode, self.version = 0, None, self.version + 1
             return [], reset
-        inode = (st.st_dev, st.st_ino)
-        reset = False
-        if (self.inode is not None and inode != self.inode) or st.st_size < self.offset:
-            self.offset, reset, self.version = 0, True, self.version + 1
-        self.inode = inode
-        if st.st_size == self.offset:
-            return [], reset
-        with self.path.open("rb") as f:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            inode = (st.st_dev, st.st_ino)
+            reset = False
+            if (self.inode is not None and inode != self.inode) or st.st_size < self.offset:
+                self.offset, reset, self.version = 0, True, self.version + 1
+            self.inode = inode
+            if st.st_size == self.offset:
+                return [], reset
             f.seek(self.offset)
             data = f.read(st.st_size - self.offset)
         end = data.rfind(b"\n")
@@ -157,9 +164,10 @@ def add_pieces(sequences: list[dict[str, Any]], pieces: Pieces | None) -> None:
             seq["pieces"] = pieces(ids)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_json(root: Path, rel: str) -> dict[str, Any] | None:
+    """The JSON object in the regular file `rel` inside `root`; None for anything else."""
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(files.read_file(root, rel))
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
@@ -183,7 +191,7 @@ class RunSource:
     _validating: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self._tail = _Tail(self.path / "results.jsonl")
+        self._tail = _Tail(self.path, "results.jsonl")
 
     @property
     def version(self) -> int:
@@ -228,7 +236,7 @@ class RunSource:
             return None
 
     def config(self) -> dict[str, Any]:
-        return _read_json(self.path / "config.json") or {}
+        return _read_json(self.path, "config.json") or {}
 
     def metrics(self) -> RunMetrics:
         """The run's metrics.json when it is at least as new as results.jsonl (a finished
@@ -239,11 +247,11 @@ class RunSource:
             return self._metrics
 
     def _saved_metrics(self) -> RunMetrics | None:
-        saved, results = self.path / "metrics.json", self.path / "results.jsonl"
         try:
-            if saved.stat().st_mtime < results.stat().st_mtime:
+            saved = files.stat_file(self.path, "metrics.json")
+            if saved.st_mtime < files.stat_file(self.path, "results.jsonl").st_mtime:
                 return None
-            return RunMetrics.model_validate_json(saved.read_bytes())
+            return RunMetrics.model_validate_json(files.read_file(self.path, "metrics.json"))
         except (OSError, ValidationError):
             return None
 
@@ -271,7 +279,7 @@ class RunSource:
             if end
         ]
         ends = [end for end in ends if end]
-        done = _read_json(self.path / "metrics.json")
+        done = _read_json(self.path, "metrics.json")
         agent = self.lines[0].get("agent") if self.lines else None
         return {
             "id": self.id,
@@ -325,14 +333,11 @@ class RunSource:
         if record is None:
             return {"record": self.lines[index], "run": self.path.name}
         out: dict[str, Any] = {"record": record.model_dump(mode="json")}
-        if record.detail:
-            trials = (self.path / "trials").resolve()
-            path = (self.path / record.detail).resolve()
-            if path.is_relative_to(trials) and path.is_file():
-                data = _read_json(path)
-                if data is not None:
-                    data["record"] = out["record"]  # the line is what was finally recorded
-                    out = data
+        if record.detail and record.detail.startswith("trials/"):
+            data = _read_json(self.path, record.detail)  # no link followed on the way
+            if data is not None:
+                data["record"] = out["record"]  # the line is what was finally recorded
+                out = data
         out["run"] = self.path.name
         sequences = (out.get("agent_result") or {}).get("sequences") or []
         if sequences:
@@ -370,7 +375,7 @@ class GroupsSource:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self._tail = _Tail(self.path)
+        self._tail = _Tail(self.path.parent, self.path.name)
 
     @property
     def stats_path(self) -> Path:
@@ -402,7 +407,7 @@ class GroupsSource:
             "n_groups": len(self.groups),
             "n": len(scores),
             "mean_score": sum(scores) / len(scores) if scores else None,
-            "stats": _read_json(self.stats_path),
+            "stats": _read_json(self.path.parent, self.stats_path.name),
         }
 
     def group_rows(self) -> list[dict[str, Any]]:
@@ -451,12 +456,15 @@ def discover(paths: list[Path], *, tokenizer: str | None = None) -> list[Source]
     names its tokenizer uses that one otherwise.
     """
     found: list[Path] = []
-    for path in paths:
+    for named in paths:
+        path = named.resolve()  # what the user named may be a link: their choice
         if path.is_file() or (path / "results.jsonl").exists() or (path / "config.json").exists():
             found.append(path)
         elif path.is_dir():
             for child in sorted(path.iterdir()):
-                if (child.is_dir() and (child / "results.jsonl").exists()) or (
+                if child.is_symlink():  # a link in a listing leads where nobody named
+                    continue
+                if (child.is_dir() and os.path.lexists(child / "results.jsonl")) or (
                     child.suffix == ".jsonl" and child.is_file()
                 ):
                     found.append(child)
