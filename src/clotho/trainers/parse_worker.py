@@ -150,14 +150,9 @@ class GroupParser:
             return await self._in_child(body, many, vocab_size)
 
     async def _in_child(self, body: bytes, many: bool, vocab_size: int | None) -> list[QueuedGroup]:
-        process = await self._started()
-        assert process.stdin is not None and process.stdout is not None
+        process = await self._handed(body, many, vocab_size)
+        assert process.stdout is not None
         try:
-            process.stdin.write(
-                _REQUEST.pack(len(body), many, -1 if vocab_size is None else vocab_size)
-            )
-            process.stdin.write(body)
-            await process.stdin.drain()
             status, length = _REPLY.unpack(await process.stdout.readexactly(_REPLY.size))
             payload = await process.stdout.readexactly(length)
         except (OSError, asyncio.IncompleteReadError) as exc:
@@ -177,6 +172,30 @@ class GroupParser:
             groups.append(QueuedGroup(size, env_id, payload[offset : offset + n]))
             offset += n
         return groups
+
+    async def _handed(
+        self, body: bytes, many: bool, vocab_size: int | None
+    ) -> asyncio.subprocess.Process:
+        """The child, with the request written to it. A child that died before it took the
+        request (killed while idle, and not yet reaped) costs nothing: it is replaced once and
+        the request goes to the new one. Death after taking it is a 503 (`_in_child`)."""
+        header = _REQUEST.pack(len(body), many, -1 if vocab_size is None else vocab_size)
+        for attempt in range(2):
+            process = await self._started()
+            assert process.stdin is not None
+            try:
+                process.stdin.write(header)
+                process.stdin.write(body)
+                await process.stdin.drain()
+                return process
+            except OSError as exc:  # the pipe broke: nobody reads it any more
+                self._discard()
+                if attempt == 1:
+                    raise Rejected(503, f"the group parser process died ({exc!r})") from exc
+            except asyncio.CancelledError:
+                self._discard()  # a partly written request would garble the next one
+                raise
+        raise AssertionError("unreachable")
 
     async def _started(self) -> asyncio.subprocess.Process:
         if self._process is None or self._process.returncode is not None:
