@@ -91,7 +91,10 @@ class _BrokenReward(TerminalTestEnv):
         raise RuntimeError("reward code bug")
 
 
-async def test_a_raising_reward_function_is_a_verifier_error_not_zero() -> None:
+async def test_a_raising_reward_function_is_a_verifier_error_not_a_reward() -> None:
+    """The rollouts are verifier errors with the message, counted by kind; in training, as in
+    eval, they count as failures (the agent may have made the reward code raise), so the
+    group keeps them with the failure score (tests/test_env_failures.py)."""
     with ScriptedOpenAIServer(default=solver()) as server:
         model = ModelConfig(model="m", base_url=server.base_url)
         env = _BrokenReward(EnvConfig(model=model, group_size=2), model=ChatClient(model))
@@ -100,10 +103,11 @@ async def test_a_raising_reward_function_is_a_verifier_error_not_zero() -> None:
             group, rollouts = await env.collect_group(await env.get_next_item())
         finally:
             await env.close()
-    assert group is None
     assert all(r.error is not None and r.error.kind == "verifier" for r in rollouts)
+    assert all(r.reward is None for r in rollouts)  # the verifier gave no reward
     assert "reward code bug" in rollouts[0].error.message  # type: ignore[union-attr]
-    assert env.stats.verifier_errors == 2
+    assert env.stats.verifier_errors == 2 and env.stats.errors == {"verifier": 2}
+    assert group is not None and group.scores == [0.0, 0.0]
 
 
 async def test_same_scores_can_be_dropped_and_tools_come_from_a_distribution() -> None:

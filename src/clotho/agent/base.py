@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -19,6 +19,9 @@ class AgentContext:
     time_limit_s: float | None = None
     solution_dir: Path | None = None  # only the oracle looks at it
     solution_mount: str = "/solution"
+    # The run so far, kept up to date by agents that can (the model agent): when the rollout
+    # stops the agent early, this is what the agent did, scored as its failure in training.
+    transcript: AgentResult = field(default_factory=lambda: AgentResult(messages=[]))
 
 
 class Agent(Protocol):

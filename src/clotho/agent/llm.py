@@ -54,4 +54,6 @@ class LLMAgent:
             )
         messages.append({"role": "user", "content": ctx.instruction})
         session = self.model.session()  # a token backend keeps one ledger per run
-        return await AgentLoop(session, self.tools, runtime, limits).run(messages)
+        return await AgentLoop(session, self.tools, runtime, limits).run(
+            messages, into=ctx.transcript
+        )

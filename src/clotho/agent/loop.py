@@ -13,6 +13,7 @@ A broken sandbox (`SandboxError`) propagates: it is infrastructure, not the agen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -68,8 +69,13 @@ class AgentLoop:
         self.limits = limits or AgentLimits()
         self._ids: set[str] = set()
 
-    async def run(self, messages: list[dict[str, Any]]) -> AgentResult:
-        result = AgentResult(messages=[dict(m) for m in messages])
+    async def run(
+        self, messages: list[dict[str, Any]], into: AgentResult | None = None
+    ) -> AgentResult:
+        """The run, written into `into` as it goes (so that a caller who stops it early, by
+        cancelling or by an error raised from a tool, still holds a well-formed transcript)."""
+        result = into if into is not None else AgentResult(messages=[])
+        result.messages[:] = [dict(m) for m in messages]
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.limits.time_limit_s):
@@ -77,9 +83,18 @@ class AgentLoop:
         except TimeoutError:
             result.stop_reason = "time_limit"
             _close_open_calls(result.messages, "the agent's time limit was reached")
+        except BaseException:
+            result.stop_reason = "interrupted"
+            _close_open_calls(result.messages, "the rollout was stopped")
+            with contextlib.suppress(Exception):  # the stop is what the caller must see
+                self._finish(result, started)
+            raise
+        self._finish(result, started)
+        return result
+
+    def _finish(self, result: AgentResult, started: float) -> None:
         result.duration_s = time.perf_counter() - started
         result.sequences = self.model.sequences(result.messages)
-        return result
 
     async def _turns(self, result: AgentResult) -> StopReason:
         while True:

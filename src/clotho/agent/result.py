@@ -9,7 +9,11 @@ from pydantic import BaseModel, Field
 from clotho.chat.ledger import TokenSequence
 from clotho.chat.types import Usage
 
-StopReason = Literal["finished", "max_turns", "time_limit", "token_limit", "model_error"]
+# "interrupted": the rollout ended the agent from outside (its wall clock, a sandbox limit, a
+# sandbox the agent broke); what it did until then is kept, for training on the failure.
+StopReason = Literal[
+    "finished", "max_turns", "time_limit", "token_limit", "model_error", "interrupted"
+]
 
 
 class ToolErrorRecord(BaseModel):

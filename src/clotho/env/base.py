@@ -215,18 +215,15 @@ class Environment(abc.ABC, Generic[Item]):
                 *(self.rollout(item, tools) for _ in range(self.config.group_size))
             )
         )
-        self.stats.groups += 1
-        self.stats.rollouts += len(rollouts)
-        for r in rollouts:
-            if r.error is not None and r.error.kind == "infra":
-                self.stats.infra_errors += 1
-            elif r.error is not None:
-                self.stats.verifier_errors += 1
-        valid = [r for r in rollouts if r.valid]
+        self.stats.count(rollouts)
+        # Training reads an outcome as eval does: a failure the agent caused (its limit, its
+        # broken sandbox, tampering, a verifier that found nothing to pass) stays in the group
+        # with `failure_score`; only failures that say nothing about the policy leave it.
+        valid = [r for r in rollouts if r.trainable]
         if len(valid) < min(self.config.min_valid_rollouts, self.config.group_size):
             self.stats.dropped_too_few_valid += 1
             return None, rollouts
-        scores = [float(r.reward or 0.0) for r in valid]
+        scores = [r.training_score(self.config.failure_score) for r in valid]
         if self.config.ensure_scores_are_not_same and len(set(scores)) == 1:
             self.stats.dropped_same_scores += 1
             return None, rollouts
@@ -291,7 +288,7 @@ class Environment(abc.ABC, Generic[Item]):
         return ScoredGroup(
             tokens=tokens,
             masks=masks,
-            scores=[float(r.reward or 0.0) for r, *_ in rows],
+            scores=[r.training_score(self.config.failure_score) for r, *_ in rows],
             inference_logprobs=logprobs if exact and rows else None,
             messages=[r.messages for r, *_ in rows],
             generation_params=sampling or None,

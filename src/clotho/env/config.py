@@ -31,7 +31,14 @@ class EnvConfig(BaseModel):
     min_valid_rollouts: int = Field(
         2,
         ge=1,
-        description="groups with fewer valid rollouts (no infra/verifier error) are dropped",
+        description="groups with fewer trainable rollouts (scored, or failed by the agent's "
+        "doing) are dropped",
+    )
+    failure_score: float = Field(
+        0.0,
+        allow_inf_nan=False,
+        description="the training score of a rollout the agent failed (agent, limit, tamper or "
+        "verifier error): it stays in its group, as it counts as a failure in eval",
     )
     ensure_scores_are_not_same: bool = Field(
         False, description="drop groups whose rollouts all scored the same (no learning signal)"

@@ -15,11 +15,15 @@ negative and, when the validation context carries `vocab_size`, below it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from clotho.chat.tokens import MASKED, NOT_SAMPLED
+
+if TYPE_CHECKING:
+    from clotho.rollout import RolloutOutcome
 
 SCHEMA_VERSION = 1
 
@@ -129,6 +133,18 @@ class ScoredGroup(BaseModel):
 class GroupStats(BaseModel):
     """What happened to the groups and rollouts an environment produced."""
 
+    def count(self, rollouts: Sequence[RolloutOutcome]) -> None:
+        """Count a group's rollouts and their failures by kind."""
+        self.groups += 1
+        self.rollouts += len(rollouts)
+        for r in rollouts:
+            if r.error is None:
+                continue
+            self.errors[r.error.kind] = self.errors.get(r.error.kind, 0) + 1
+            self.infra_errors += r.error.kind == "infra"
+            self.verifier_errors += r.error.kind == "verifier"
+            self.failures_scored += r.trainable
+
     groups: int = 0
     groups_sent: int = 0
     dropped_too_few_valid: int = 0
@@ -138,6 +154,12 @@ class GroupStats(BaseModel):
     rollouts: int = 0
     infra_errors: int = 0
     verifier_errors: int = 0
+    errors: dict[str, int] = Field(
+        default_factory=dict, description="failed rollouts by error kind, scored or not"
+    )
+    failures_scored: int = Field(
+        0, description="failed rollouts kept in their group with the failure score"
+    )
     truncated: int = Field(0, description="sequences cut to max_token_length")
 
 

@@ -59,5 +59,20 @@ class RolloutOutcome(BaseModel):
         return self.error is None and self.reward is not None
 
     @property
+    def trainable(self) -> bool:
+        """Whether training sees this attempt: scored by its verifier, or a failure the agent
+        caused (the same kinds that count as failures in an eval's pass rate). Infra, task and
+        config errors say nothing about the policy: left out (and retried where safe)."""
+        return self.valid or (self.error is not None and self.error.scored)
+
+    def training_score(self, failure_score: float = 0.0) -> float:
+        """The verifier's reward, or `failure_score` for a failure the agent caused."""
+        if self.valid:
+            return float(self.reward or 0.0)
+        if self.trainable:
+            return failure_score
+        raise ValueError(f"an attempt that failed with {self.error} has no training score")
+
+    @property
     def messages(self) -> list[dict[str, Any]]:
         return self.agent.messages if self.agent is not None else []

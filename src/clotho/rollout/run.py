@@ -154,7 +154,12 @@ async def _phases(
         )
         clock.mark("setup_s")
         outcome.phase = "agent"
-        outcome.agent = await spec.agent.run(context)
+        try:
+            outcome.agent = await spec.agent.run(context)
+        except BaseException:  # stopped early: what it did is still its trajectory
+            if context.transcript.messages:
+                outcome.agent = context.transcript
+            raise
         clock.mark("agent_s")
         outcome.timings.model_s = sum(t.model_s for t in outcome.agent.timings)
         outcome.timings.tools_s = sum(t.tools_s for t in outcome.agent.timings)
