@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import hashlib
 import json
 import os
+import random
 import secrets
-import shutil
 import socket
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F401
+from tests.docker_probe import requires_docker
+from tests.sandbox_fixtures import GatedExecutor, dead_pid, requires_bwrap
+from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import SandboxError, TaskError
 from clotho.sandbox import (
@@ -36,17 +39,16 @@ from clotho.sandbox import (
     open_sandbox,
 )
 from clotho.sandbox.backends import LocalBackend, backend_key, make_backend
+from clotho.sandbox.base import Sandbox
 from clotho.sandbox.docker import images
 from clotho.sandbox.docker.images import context_hash
 from clotho.sandbox.leases import OWNER
 from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX, make_state_dir
+from clotho.sandbox.transfer import BIG_FILE
+
+pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
 
 BASE_IMAGE = "clotho/base:bookworm"
-
-requires_bwrap = pytest.mark.skipif(
-    shutil.which("bwrap") is None,
-    reason="bubblewrap (bwrap) is not installed: apt-get install bubblewrap",
-)
 
 
 @pytest.fixture
@@ -139,11 +141,7 @@ async def test_pool_reaps_orphans_where_a_backend_is_first_used(tmp_path: Path) 
         assert orphan.exists()  # nothing there is known before the backend is used
         async with pool.lease(LocalSandboxConfig(state_dir=str(state))) as sb:
             assert (await sb.exec("echo in")).stdout == "in\n"
-            for _ in range(100):
-                if not orphan.exists():
-                    break
-                await asyncio.sleep(0.05)
-            assert not orphan.exists()
+            assert await wait_until(lambda: not orphan.exists())
             assert live.exists()
 
 
@@ -317,6 +315,14 @@ async def test_pool_close_closes_its_backends(docker: Any) -> None:
         await pool.acquire(DockerSandboxConfig())
 
 
+def socket_elsewhere(tmp_path: Path) -> Path:
+    """The Docker daemon's socket reached through a link at another path."""
+    socket_path = next(p for p in ("/var/run/docker.sock", "/run/docker.sock") if os.path.exists(p))
+    link = tmp_path / "other-docker.sock"
+    link.symlink_to(socket_path)
+    return link
+
+
 EXITS_WITHOUT_CLOSING = """
 import asyncio, sys
 from clotho.sandbox import open_sandbox
@@ -340,9 +346,7 @@ async def test_exit_cleanup_uses_the_configured_docker_url(
     atexit hook still removes the container, on the address the client really used."""
     from aiodocker.exceptions import DockerError
 
-    socket_path = next(p for p in ("/var/run/docker.sock", "/run/docker.sock") if os.path.exists(p))
-    link = tmp_path / "other-docker.sock"
-    link.symlink_to(socket_path)
+    link = socket_elsewhere(tmp_path)
     marker = f"exit-url-{secrets.token_hex(4)}"
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/nothing-here.sock"}
     proc = await asyncio.create_subprocess_exec(
@@ -359,12 +363,6 @@ async def test_exit_cleanup_uses_the_configured_docker_url(
     assert await docker.containers.list(all=True, filters={"label": [f"probe={marker}"]}) == []
 
 
-def dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
-
-
 @requires_docker
 @requires_bwrap
 async def test_sandbox_gc_goes_through_the_backends_at_their_addresses(
@@ -374,9 +372,7 @@ async def test_sandbox_gc_goes_through_the_backends_at_their_addresses(
     orphaned folders in that state folder go; live ones stay. DOCKER_HOST points nowhere."""
     from aiodocker.exceptions import DockerError
 
-    socket_path = next(p for p in ("/var/run/docker.sock", "/run/docker.sock") if os.path.exists(p))
-    link = tmp_path / "gc-docker.sock"
-    link.symlink_to(socket_path)
+    link = socket_elsewhere(tmp_path)
     state = tmp_path / "state"
     marker = f"gc-{secrets.token_hex(4)}"
     dead = f"{socket.gethostname()}:{dead_pid()}"
@@ -418,3 +414,157 @@ async def test_sandbox_gc_goes_through_the_backends_at_their_addresses(
         await live.close()
         with contextlib.suppress(DockerError):
             await orphan.delete(force=True)
+
+
+# --- files: one contract, every backend ---------------------------------------------------------
+
+
+async def test_all_byte_values_and_odd_names_round_trip(any_sandbox: Sandbox) -> None:
+    sb = any_sandbox
+    data = bytes(range(256)) * 3
+    await sb.write_file("bytes.bin", data)
+    assert await sb.read_file("bytes.bin") == data
+    assert await sb.read_file(f"{sb.workdir}/bytes.bin") == data
+    r = await sb.exec("wc -c < bytes.bin; od -An -tx1 -N4 -j254 bytes.bin")
+    assert r.stdout.split() == ["768", "fe", "ff", "00", "01"]
+    await sb.write_file("bytes.bin", b"short")  # replaces, no leftover tail
+    assert await sb.read_file("bytes.bin") == b"short"
+    await sb.write_file("a/b/c.txt", b"first version, longer")  # parents made
+    assert (await sb.exec("cat a/b/c.txt")).stdout == "first version, longer"
+    r = await sb.exec(r"printf 'inside\000\377' > '-odd name $x'")
+    assert r.exit_code == 0, r.stderr
+    assert await sb.read_file("-odd name $x") == b"inside\x00\xff"
+    await sb.write_file('it\'s a "quoted" name', b"")
+    assert await sb.read_file(f'{sb.workdir}/it\'s a "quoted" name') == b""
+
+
+async def test_large_random_file_round_trip(any_sandbox: Sandbox) -> None:
+    data = random.Random(1234).randbytes(5 << 20)
+    await any_sandbox.write_file("deep/er/big.bin", data)
+    r = await any_sandbox.exec("sha256sum < deep/er/big.bin")
+    assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+    assert await any_sandbox.read_file("deep/er/big.bin") == data
+
+
+async def test_upload_download_tree_and_single_files(any_sandbox: Sandbox, tmp_path: Path) -> None:
+    sb = any_sandbox
+    src = tmp_path / "src"
+    (src / "nested" / "deeper").mkdir(parents=True)
+    (src / "top.txt").write_text("top\n")
+    (src / "nested" / "deeper" / "leaf.txt").write_text("leaf")
+    blob = random.Random(7).randbytes(100_000)
+    (src / "nested" / "blob.bin").write_bytes(blob)
+    (src / "script.sh").write_text("#!/bin/sh\necho run\n")
+    (src / "script.sh").chmod(0o755)
+    (src / "link").symlink_to("nested/deeper/leaf.txt")
+
+    await sb.exec("mkdir -p proj && echo keep > proj/keep.txt")
+    await sb.upload(src, "proj")  # into a folder that exists: what is there stays
+    r = await sb.exec(
+        "cat proj/top.txt proj/nested/deeper/leaf.txt; echo; readlink proj/link; "
+        "cat proj/link; echo; ./proj/script.sh; cat proj/keep.txt"
+    )
+    assert r.stdout == "top\nleaf\nnested/deeper/leaf.txt\nleaf\nrun\nkeep\n", r.stderr
+    assert await sb.read_file(f"{sb.workdir}/proj/nested/blob.bin") == blob
+
+    await sb.exec("echo added > proj/nested/new.txt")
+    out = tmp_path / "out" / "proj"
+    await sb.download("proj", out)
+    assert (out / "top.txt").read_text() == "top\n"
+    assert (out / "keep.txt").read_text() == "keep\n"
+    assert (out / "nested" / "deeper" / "leaf.txt").read_text() == "leaf"
+    assert (out / "nested" / "blob.bin").read_bytes() == blob
+    assert (out / "nested" / "new.txt").read_text() == "added\n"
+    assert os.readlink(out / "link") == "nested/deeper/leaf.txt"
+    assert os.access(out / "script.sh", os.X_OK)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["proj"]  # no temporary leftovers
+
+    single = tmp_path / "single.bin"
+    single.write_bytes(b"\x00\x01single")
+    await sb.upload(single, "x/renamed.bin")
+    assert await sb.read_file("x/renamed.bin") == b"\x00\x01single"
+    dest = tmp_path / "dl" / "copy.bin"
+    await sb.download("x/renamed.bin", dest)
+    assert dest.read_bytes() == b"\x00\x01single"
+    with pytest.raises(FileExistsError):
+        await sb.download("x/renamed.bin", dest)
+
+
+async def test_file_errors_leave_the_session_shell(any_sandbox: Sandbox, tmp_path: Path) -> None:
+    """Transfers that fail raise the built-in error for it, and the agent's shell (its
+    variables) lives on: a transfer's early exit is never the session's."""
+    sb = any_sandbox
+    await sb.exec("export KEPT=yes; mkdir -p somedir")
+    with pytest.raises(FileNotFoundError):
+        await sb.read_file("missing.txt")
+    with pytest.raises(FileNotFoundError):
+        await sb.read_file("no/such/dir/file")
+    with pytest.raises(IsADirectoryError):
+        await sb.read_file("somedir")
+    with pytest.raises(IsADirectoryError):
+        await sb.read_file("/")
+    with pytest.raises(IsADirectoryError):
+        await sb.write_file("somedir", b"x")
+    with pytest.raises(FileNotFoundError):
+        await sb.upload(tmp_path / "nope", "nope")
+    with pytest.raises(FileNotFoundError):
+        await sb.download("nope", tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
+    assert (await sb.exec('echo "$KEPT"')).stdout == "yes\n"
+
+
+async def test_only_regular_files_under_the_cap_are_read(
+    any_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """A device or a FIFO (also behind a link) is refused without blocking, a file over the
+    cap before its data is read (a 1 GB sparse file is never copied), a tree over the cap is
+    not downloaded; a link to a regular file is followed."""
+    sb = any_sandbox
+    await sb.exec("ln -s /dev/zero zero; mkfifo fifo; truncate -s 1G sparse; printf abc > f")
+    await sb.exec("ln -s f link; mkdir d && head -c 3000 /dev/urandom > d/z")
+    for path in ("zero", "fifo"):
+        with pytest.raises(OSError) as refused:
+            await asyncio.wait_for(sb.read_file(path), PATIENCE_S)
+        assert not isinstance(refused.value, FileNotFoundError)
+    with pytest.raises(OSError) as big:
+        await sb.read_file("sparse")
+    assert big.value.errno == errno.EFBIG
+    assert await sb.read_file("f", max_bytes=3) == b"abc"
+    with pytest.raises(OSError) as over:
+        await sb.read_file("f", max_bytes=2)
+    assert over.value.errno == errno.EFBIG
+    assert await sb.read_file("link") == b"abc"
+    with pytest.raises(OSError) as tree:
+        await sb.download("d", tmp_path / "capped", max_bytes=2000)
+    assert tree.value.errno == errno.EFBIG and not (tmp_path / "capped").exists()
+    await sb.download("d", tmp_path / "whole")
+    assert (tmp_path / "whole" / "z").stat().st_size == 3000
+
+
+@pytest.mark.parametrize(
+    "any_sandbox", [pytest.param("bwrap-ro", marks=requires_bwrap), "unsafe-local"], indirect=True
+)
+async def test_big_files_move_through_threads(
+    any_sandbox: Sandbox, gated_executor: GatedExecutor, tmp_path: Path
+) -> None:
+    """Above `BIG_FILE` the host reads, writes, copies and removes a file in a thread, never
+    on the event loop (whole-file steps of 256 MiB take 100 ms and more, which every other
+    rollout would wait for; `clotho bench` is where such durations are measured). Each
+    transfer is held at a shut gate in front of the thread pool: it can only be pending
+    there, with the loop free, if its work is in a thread."""
+    sb = any_sandbox
+    data = random.Random(3).randbytes(8 * BIG_FILE)
+    big = tmp_path / "big.bin"
+    big.write_bytes(data)
+    assert await gated_executor.hops(sb.write_file("written.bin", data)) >= 1
+    back: list[bytes] = []
+
+    async def read() -> None:
+        back.append(await sb.read_file("written.bin", max_bytes=1 << 30))
+
+    assert await gated_executor.hops(read()) >= 1
+    assert await gated_executor.hops(sb.upload(big, "uploaded.bin")) >= 1
+    assert await gated_executor.hops(sb.download("uploaded.bin", tmp_path / "downloaded.bin")) >= 1
+    assert back == [data]
+    assert (tmp_path / "downloaded.bin").read_bytes() == data
+    assert (await sb.exec("cmp written.bin uploaded.bin && echo same")).stdout == "same\n"

@@ -8,38 +8,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import json
 import os
-import random
 import secrets
 import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F401
+from tests.docker_probe import requires_docker
+from tests.sandbox_fixtures import run_past_timeout
+from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import LimitExceeded, SandboxError
 from clotho.sandbox import open_sandbox, proctree
+from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.docker import archive
 from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.leases import LEASE_EXPIRES, OWNER
 
+pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
+
 BASE_IMAGE = "clotho/base:bookworm"
-
-
-@pytest.fixture
-async def sandbox(docker: Any) -> AsyncIterator[DockerSandbox]:
-    sb = await open_sandbox(DockerSandboxConfig(), labels={"clotho.test": "sandbox-docker"})
-    assert isinstance(sb, DockerSandbox)
-    try:
-        yield sb
-    finally:
-        await sb.close()
 
 
 async def inspect(docker: Any, sb: DockerSandbox) -> dict[str, Any]:
@@ -52,15 +46,16 @@ async def container_args(sb: DockerSandbox) -> list[str]:
     return r.stdout.splitlines()
 
 
-async def wait_for_args(
-    sb: DockerSandbox, token: str, count: int, timeout: float = 5.0
-) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [a for a in await container_args(sb) if token in a]
-        if len(found) == count or time.monotonic() > deadline:
-            return found
-        await asyncio.sleep(0.05)
+async def wait_for_args(sb: DockerSandbox, token: str, count: int) -> list[str]:
+    """The container's processes with `token` in their arguments, once there are `count`."""
+    found: list[str] = []
+
+    async def counted() -> bool:
+        found[:] = [a for a in await container_args(sb) if token in a]
+        return len(found) == count
+
+    await wait_until(counted)
+    return found
 
 
 FORK_100 = """python3 -c '
@@ -82,25 +77,25 @@ for p in procs:
 
 
 @requires_docker
-async def test_exec_output_exit_code_and_cwd(sandbox: DockerSandbox) -> None:
-    r = await sandbox.exec("echo out; echo err >&2; exit 3")
+async def test_exec_output_exit_code_and_cwd(docker_sandbox: DockerSandbox) -> None:
+    r = await docker_sandbox.exec("echo out; echo err >&2; exit 3")
     assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == ("out\n", "err\n", 3, False)
     assert not r.ok
-    r = await sandbox.exec("printf 'no newline'")
+    r = await docker_sandbox.exec("printf 'no newline'")
     assert r.stdout == "no newline" and r.ok
-    assert sandbox.workdir == "/app"
-    assert (await sandbox.exec("pwd")).stdout == "/app\n"
-    assert (await sandbox.exec("mkdir -p sub/dir && cd sub && pwd")).stdout == "/app/sub\n"
-    assert (await sandbox.exec("pwd", cwd="sub/dir")).stdout == "/app/sub/dir\n"
-    assert (await sandbox.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
-    assert (await sandbox.exec("pwd")).stdout == "/app\n"  # cd does not stick
-    r = await sandbox.exec("pwd", cwd="/no/such/dir")
+    assert docker_sandbox.workdir == "/app"
+    assert (await docker_sandbox.exec("pwd")).stdout == "/app\n"
+    assert (await docker_sandbox.exec("mkdir -p sub/dir && cd sub && pwd")).stdout == "/app/sub\n"
+    assert (await docker_sandbox.exec("pwd", cwd="sub/dir")).stdout == "/app/sub/dir\n"
+    assert (await docker_sandbox.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
+    assert (await docker_sandbox.exec("pwd")).stdout == "/app\n"  # cd does not stick
+    r = await docker_sandbox.exec("pwd", cwd="/no/such/dir")
     assert r.exit_code == 126
-    r = await sandbox.exec("exit 7")
+    r = await docker_sandbox.exec("exit 7")
     assert r.exit_code == 7
-    r = await sandbox.exec("if then fi")
+    r = await docker_sandbox.exec("if then fi")
     assert r.exit_code != 0 and "syntax error" in r.stderr
-    assert (await sandbox.exec("echo still alive")).stdout == "still alive\n"
+    assert (await docker_sandbox.exec("echo still alive")).stdout == "still alive\n"
 
 
 @requires_docker
@@ -125,35 +120,42 @@ async def test_environment(docker: Any) -> None:
 
 @requires_docker
 async def test_timeout_kills_the_tree_but_not_the_shell_or_background(
-    sandbox: DockerSandbox,
+    docker_sandbox: DockerSandbox,
 ) -> None:
     token = f"clotho-probe-{secrets.token_hex(4)}"
-    r = await sandbox.exec(f"(exec -a {token}-bg sleep 300) & echo started")
+    r = await docker_sandbox.exec(f"(exec -a {token}-bg sleep 300) & echo started")
     assert r.stdout == "started\n"
-    started = time.monotonic()
-    r = await sandbox.exec(
-        f"(exec -a {token}-child sleep 300) & bash -c 'exec -a {token}-grandchild sleep 300'",
-        timeout=0.5,
-    )
-    assert time.monotonic() - started < 5
+
+    async def run(timeout: float) -> ExecResult:
+        await docker_sandbox.exec("rm -f /tmp/started")
+        return await docker_sandbox.exec(
+            f"(echo >> /tmp/started; exec -a {token}-child sleep 300) & "
+            f"bash -c 'echo >> /tmp/started; exec -a {token}-grandchild sleep 300'",
+            timeout=timeout,
+        )
+
+    async def started() -> bool:
+        return (await docker_sandbox.exec("cat /tmp/started 2>/dev/null")).stdout == "\n\n"
+
+    r = await run_past_timeout(run, started)
     assert r.timed_out and r.exit_code == -9 and not r.ok
-    survivors = await wait_for_args(sandbox, token, 1)
+    survivors = await wait_for_args(docker_sandbox, token, 1)
     assert survivors == [f"{token}-bg 300"]
-    r = await sandbox.exec("echo after")
+    r = await docker_sandbox.exec("echo after")
     assert r.stdout == "after\n" and r.exit_code == 0
     # The background process keeps running across later commands.
-    assert await wait_for_args(sandbox, token, 1) == [f"{token}-bg 300"]
+    assert await wait_for_args(docker_sandbox, token, 1) == [f"{token}-bg 300"]
 
 
 # --- container settings ----------------------------------------------------------------------
 
 
 @requires_docker
-async def test_network_is_none_by_default(sandbox: DockerSandbox, docker: Any) -> None:
-    r = await sandbox.exec("cat /proc/net/dev")
+async def test_network_is_none_by_default(docker_sandbox: DockerSandbox, docker: Any) -> None:
+    r = await docker_sandbox.exec("cat /proc/net/dev")
     interfaces = [line.split(":")[0].strip() for line in r.stdout.splitlines()[2:]]
     assert interfaces == ["lo"]
-    info = await inspect(docker, sandbox)
+    info = await inspect(docker, docker_sandbox)
     assert info["HostConfig"]["NetworkMode"] == "none"
     assert info["Config"]["WorkingDir"] == "/app"
     assert info["Config"]["Image"] == BASE_IMAGE
@@ -177,27 +179,30 @@ async def test_network_host_when_enabled(docker: Any) -> None:
 
 
 @requires_docker
-async def test_labels_on_the_container(sandbox: DockerSandbox, docker: Any) -> None:
-    labels = (await inspect(docker, sandbox))["Config"]["Labels"]
-    assert labels["clotho"] == "1"
-    assert labels[OWNER] == f"{socket.gethostname()}:{os.getpid()}"
-    assert abs(int(labels[LEASE_EXPIRES]) - (time.time() + 6 * 3600)) < 120
-    assert labels["clotho.test"] == "sandbox-docker"
-    assert sandbox.labels == {"clotho.test": "sandbox-docker"}
-    found = await docker.containers.list(
-        all=True, filters={"label": [f"{OWNER}={labels[OWNER]}", "clotho.test=sandbox-docker"]}
+@pytest.mark.parametrize("lease_s", [None, 120])
+async def test_labels_and_lease_on_the_container(docker: Any, lease_s: float | None) -> None:
+    """The lease runs from the open (6 hours unless said otherwise): bracketed by the
+    clock read before and after it, never compared with a window."""
+    marker = f"labels-{secrets.token_hex(4)}"
+    before = time.time()
+    sb = await open_sandbox(
+        DockerSandboxConfig(),
+        {"clotho.test": marker},
+        **({} if lease_s is None else {"lease_s": lease_s}),
     )
-    assert [c.id for c in found] == [sandbox.id]
-
-
-@requires_docker
-async def test_lease_length_is_configurable(docker: Any) -> None:
-    sb = await open_sandbox(DockerSandboxConfig(), {"custom": "x"}, lease_s=120)
-    assert isinstance(sb, DockerSandbox)
+    after = time.time()
     try:
+        assert isinstance(sb, DockerSandbox)
         labels = (await inspect(docker, sb))["Config"]["Labels"]
-        assert 100 < int(labels[LEASE_EXPIRES]) - time.time() <= 121
-        assert labels["custom"] == "x"
+        assert labels["clotho"] == "1"
+        assert labels[OWNER] == f"{socket.gethostname()}:{os.getpid()}"
+        lease = 6 * 3600 if lease_s is None else lease_s
+        assert int(before) + lease <= int(labels[LEASE_EXPIRES]) <= after + lease
+        assert labels["clotho.test"] == marker and sb.labels == {"clotho.test": marker}
+        found = await docker.containers.list(
+            all=True, filters={"label": [f"{OWNER}={labels[OWNER]}", f"clotho.test={marker}"]}
+        )
+        assert [c.id for c in found] == [sb.id]
     finally:
         await sb.close()
 
@@ -233,104 +238,33 @@ async def test_resource_limits_are_applied(docker: Any) -> None:
 
 
 @requires_docker
-async def test_all_byte_values_round_trip(sandbox: DockerSandbox) -> None:
-    data = bytes(range(256)) * 3
-    await sandbox.write_file("bytes.bin", data)
-    assert await sandbox.read_file("bytes.bin") == data
-    assert await sandbox.read_file("/app/bytes.bin") == data
-    r = await sandbox.exec("wc -c < bytes.bin; od -An -tx1 -N4 -j254 bytes.bin")
-    assert r.stdout.split() == ["768", "fe", "ff", "00", "01"]
-    await sandbox.write_file("bytes.bin", b"short")  # replaces, no leftover tail
-    assert await sandbox.read_file("bytes.bin") == b"short"
-    r = await sandbox.exec(r"printf 'inside\000\377' > '-odd name $x'")
-    assert await sandbox.read_file("-odd name $x") == b"inside\x00\xff"
+async def test_read_file_follows_symlinks(docker_sandbox: DockerSandbox) -> None:
+    await docker_sandbox.write_file("target.txt", b"pointed at")
+    await docker_sandbox.exec("ln -s target.txt rel-link && ln -s /app/target.txt /tmp/abs-link")
+    assert await docker_sandbox.read_file("rel-link") == b"pointed at"
+    assert await docker_sandbox.read_file("/tmp/abs-link") == b"pointed at"
 
 
 @requires_docker
-async def test_large_random_file_round_trip(sandbox: DockerSandbox) -> None:
-    data = random.Random(1234).randbytes(3 << 20)
-    await sandbox.write_file("/tmp/deep/er/big.bin", data)
-    r = await sandbox.exec("sha256sum < /tmp/deep/er/big.bin")
-    assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest()
-    assert await sandbox.read_file("/tmp/deep/er/big.bin") == data
+async def test_a_folder_is_refused_without_fetching_its_archive(
+    docker_sandbox: DockerSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`read_file` of a folder asks for its size and kind, never for the archive of the
+    whole tree (of `/`: the container's every file)."""
+    asked: list[str] = []
+    real = archive.archive_stream
 
+    def recorded(container: Any, path: str, what: str) -> Any:
+        asked.append(path)
+        return real(container, path, what)
 
-@requires_docker
-async def test_read_file_follows_symlinks(sandbox: DockerSandbox) -> None:
-    await sandbox.write_file("target.txt", b"pointed at")
-    await sandbox.exec("ln -s target.txt rel-link && ln -s /app/target.txt /tmp/abs-link")
-    assert await sandbox.read_file("rel-link") == b"pointed at"
-    assert await sandbox.read_file("/tmp/abs-link") == b"pointed at"
-
-
-@requires_docker
-async def test_upload_download_tree(sandbox: DockerSandbox, tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    (src / "nested" / "deeper").mkdir(parents=True)
-    (src / "top.txt").write_text("top\n")
-    (src / "nested" / "deeper" / "leaf.txt").write_text("leaf")
-    blob = random.Random(7).randbytes(100_000)
-    (src / "nested" / "blob.bin").write_bytes(blob)
-    (src / "script.sh").write_text("#!/bin/sh\necho run\n")
-    (src / "script.sh").chmod(0o755)
-    (src / "link").symlink_to("nested/deeper/leaf.txt")
-
-    await sandbox.exec("mkdir -p proj && echo keep > proj/keep.txt")
-    await sandbox.upload(src, "proj")
-    r = await sandbox.exec(
-        "cat proj/top.txt proj/nested/deeper/leaf.txt; echo; readlink proj/link; "
-        "cat proj/link; echo; ./proj/script.sh; cat proj/keep.txt"
-    )
-    assert r.stdout == "top\nleaf\nnested/deeper/leaf.txt\nleaf\nrun\nkeep\n", r.stderr
-    assert await sandbox.read_file("/app/proj/nested/blob.bin") == blob
-
-    await sandbox.exec("echo added > proj/nested/new.txt")
-    out = tmp_path / "out" / "proj"
-    await sandbox.download("proj", out)
-    assert (out / "top.txt").read_text() == "top\n"
-    assert (out / "keep.txt").read_text() == "keep\n"
-    assert (out / "nested" / "deeper" / "leaf.txt").read_text() == "leaf"
-    assert (out / "nested" / "blob.bin").read_bytes() == blob
-    assert (out / "nested" / "new.txt").read_text() == "added\n"
-    assert (out / "link").is_symlink()
-    assert os.readlink(out / "link") == "nested/deeper/leaf.txt"
-    assert os.access(out / "script.sh", os.X_OK)
-    assert sorted(p.name for p in out.parent.iterdir()) == ["proj"]  # no temporary leftovers
-
-    single = tmp_path / "single.bin"
-    single.write_bytes(b"\x00\x01single")
-    await sandbox.upload(single, "/tmp/x/renamed.bin")
-    assert await sandbox.read_file("/tmp/x/renamed.bin") == b"\x00\x01single"
-    dest = tmp_path / "dl" / "copy.bin"
-    await sandbox.download("/tmp/x/renamed.bin", dest)
-    assert dest.read_bytes() == b"\x00\x01single"
-    with pytest.raises(FileExistsError):
-        await sandbox.download("/tmp/x/renamed.bin", dest)
-
-
-@requires_docker
-async def test_file_errors(sandbox: DockerSandbox, tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        await sandbox.read_file("missing.txt")
-    with pytest.raises(FileNotFoundError):
-        await sandbox.read_file("/no/such/dir/file")
-    await sandbox.exec("mkdir -p somedir")
-    with pytest.raises(IsADirectoryError):
-        await sandbox.read_file("somedir")
-    started = time.monotonic()
-    with pytest.raises(IsADirectoryError):
-        await sandbox.read_file("/")
-    with pytest.raises(IsADirectoryError):
-        await sandbox.read_file("/usr")
-    assert time.monotonic() - started < 2  # not by fetching the archive of the whole tree
-    with pytest.raises(IsADirectoryError):
-        await sandbox.write_file("somedir", b"x")
-    with pytest.raises(FileNotFoundError):
-        await sandbox.upload(tmp_path / "nope", "/app/nope")
-    with pytest.raises(FileNotFoundError):
-        await sandbox.download("/app/nope", tmp_path / "nope")
-    assert not (tmp_path / "nope").exists()
-    assert (await sandbox.exec("echo still fine")).stdout == "still fine\n"
+    monkeypatch.setattr(archive, "archive_stream", recorded)
+    await docker_sandbox.write_file("f.txt", b"file")
+    for folder in ("/", "/usr", "/app"):
+        with pytest.raises(IsADirectoryError):
+            await docker_sandbox.read_file(folder)
+    assert await docker_sandbox.read_file("f.txt") == b"file"
+    assert asked == ["/app/f.txt"]  # the recorder does see the archives fetched
 
 
 # --- lifecycle -------------------------------------------------------------------------------
@@ -340,15 +274,24 @@ async def test_file_errors(sandbox: DockerSandbox, tmp_path: Path) -> None:
 async def test_close_removes_the_container_without_a_grace_period(docker: Any) -> None:
     from aiodocker.exceptions import DockerError
 
+    opened = int(time.time())  # the events from here on are replayed: none is missed
     sb = await open_sandbox(DockerSandboxConfig())
     assert isinstance(sb, DockerSandbox)
     # Processes that ignore SIGTERM: a `docker stop` would wait its 10 s grace period.
     r = await sb.exec("(trap '' TERM; exec sleep 300) & (trap '' TERM; exec sleep 301) & echo ok")
     assert r.stdout == "ok\n"
     assert (await inspect(docker, sb))["State"]["Running"] is True
-    started = time.monotonic()
+    events = docker.events.subscribe(since=str(opened), filters=json.dumps({"container": [sb.id]}))
     await sb.close()
-    assert time.monotonic() - started < 3
+    seen: list[tuple[str, str]] = []
+    while not seen or seen[-1][0] != "destroy":
+        event = await asyncio.wait_for(events.get(), PATIENCE_S)
+        assert event is not None, seen
+        seen.append((event["Action"], event["Actor"]["Attributes"].get("signal", "")))
+    await docker.events.stop()
+    # The first signal the container got was SIGKILL: no SIGTERM and grace period before it.
+    assert [sig for action, sig in seen if action == "kill"][:1] == ["9"], seen
+    assert "stop" not in [action for action, _ in seen], seen
     with pytest.raises(DockerError) as info:
         await inspect(docker, sb)
     assert info.value.status == 404
@@ -374,48 +317,15 @@ async def test_missing_docker_socket_is_a_sandbox_error(tmp_path: Path) -> None:
     # Needs no daemon: the point is a clear error instead of a hang.
     socket_path = tmp_path / "missing" / "docker.sock"
     config = DockerSandboxConfig(docker_url=f"unix://{socket_path}")
-    started = time.monotonic()
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(PATIENCE_S):
         with pytest.raises(SandboxError) as info:
             await open_sandbox(config)
-    assert time.monotonic() - started < 10
     try:
         import aiodocker  # noqa: F401
     except ImportError:
         assert "pip install" in str(info.value)
     else:
         assert str(socket_path) in str(info.value)
-
-
-EXITS_WITHOUT_CLOSING = """
-import asyncio, sys
-from clotho.sandbox import open_sandbox
-from clotho.sandbox.config import DockerSandboxConfig
-
-async def main():
-    sb = await open_sandbox(DockerSandboxConfig(), labels={"probe": sys.argv[1]})
-    print(sb.id, flush=True)
-
-asyncio.run(main())
-"""
-
-
-@requires_docker
-async def test_exit_without_close_removes_the_container(docker: Any) -> None:
-    from aiodocker.exceptions import DockerError
-
-    marker = f"exit-cleanup-{secrets.token_hex(4)}"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", EXITS_WITHOUT_CLOSING, marker, stdout=asyncio.subprocess.PIPE
-    )
-    stdout, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0
-    container_id = stdout.decode().strip()
-    assert len(container_id) == 64  # it was created ...
-    with pytest.raises(DockerError) as info:  # ... and the atexit hook removed it
-        await docker.containers.container(container_id).show()
-    assert info.value.status == 404
-    assert await docker.containers.list(all=True, filters={"label": [f"probe={marker}"]}) == []
 
 
 async def test_image_without_bash_falls_back_to_sh(docker: Any, tmp_path: Path) -> None:
@@ -431,7 +341,7 @@ async def test_image_without_bash_falls_back_to_sh(docker: Any, tmp_path: Path) 
         try:
             r = await sb.exec("echo hi; command -v bash || echo no-bash; exit 3")
             assert (r.stdout, r.exit_code) == ("hi\nno-bash\n", 3)
-            r = await sb.exec("sleep 30", timeout=0.3)
+            r = await sb.exec("sleep 300", timeout=0.3)
             assert r.timed_out
             assert (await sb.exec("echo after")).stdout == "after\n"
         finally:
@@ -501,7 +411,7 @@ async def test_both_stdio_paths_run_commands(docker: Any, stdio: str) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with pytest.raises(SandboxError):
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(PATIENCE_S):
                 await sb.exec("echo never")
     finally:
         await sb.close()
