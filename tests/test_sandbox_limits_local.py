@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from tests.sandbox_fixtures import requires_bwrap
+from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import LimitExceeded
-from clotho.sandbox import LocalSandboxConfig, open_sandbox
+from clotho.sandbox import LocalSandboxConfig, limits, open_sandbox
 from clotho.sandbox.backends import EnvironmentSpec, LocalBackend
 from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.cgroups import available
@@ -30,7 +31,7 @@ CGROUPS = Path("/sys/fs/cgroup")
 
 pytestmark = [
     pytest.mark.bwrap,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+    requires_bwrap,
     pytest.mark.skipif(
         os.geteuid() != 0 or not all(available(c) for c in ("memory", "pids", "cpu", "freezer")),
         reason="cgroup limits need root and cgroup v1 memory, pids, cpu and freezer hierarchies",
@@ -46,13 +47,15 @@ def leftover_cgroups(name: str) -> list[Path]:
     return [p for p in CGROUPS.glob(f"*/clotho/{name}") if p.exists()]
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
+async def until_raises(call: Callable[[], Awaitable[object]]) -> None:
+    """Call `call` again and again until it raises (a watcher's verdict reaching the next
+    command); returns without raising only if it never did within the tests' patience."""
+
+    async def raised() -> bool:
+        await call()
+        return False
+
+    await wait_until(raised)
 
 
 @pytest.fixture
@@ -84,10 +87,8 @@ async def test_memory_beyond_the_limit_is_limit_exceeded(open_limited) -> None:
     mem = cgroup("memory", sb.state.name)
     assert (mem / "memory.limit_in_bytes").read_text().strip() == str(128 << 20)
     assert (mem / "memory.memsw.limit_in_bytes").read_text().strip() == str(128 << 20)
-    started = time.monotonic()
     with pytest.raises(LimitExceeded, match="memory limit of 128 MB reached"):
-        await sb.exec("head -c 300M /dev/zero | tail; echo rc=$?", timeout=60)
-    assert time.monotonic() - started < 30
+        await sb.exec("head -c 300M /dev/zero | tail; echo rc=$?", timeout=PATIENCE_S * 4)
     assert int((mem / "agent" / "memory.oom_control").read_text().split()[-1]) >= 1
     with pytest.raises(LimitExceeded, match="memory limit"):
         await sb.exec("echo again")
@@ -121,16 +122,16 @@ async def test_a_fork_bomb_is_contained_and_ends_the_sandbox(open_limited) -> No
     pids = cgroup("pids", sb.state.name)
     assert (pids / "pids.max").read_text().strip() == "64"
     before = host_process_count()
-    started = time.monotonic()
-    peak = 0
+    peaks: list[int] = []
+
+    async def look() -> None:
+        peaks.append(int((pids / "pids.current").read_text()))
+        await sb.exec("true", timeout=PATIENCE_S)
+
     with pytest.raises(LimitExceeded, match="process limit of 64 reached"):
         await sb.exec(":(){ :|:& };:", timeout=10)
-        while time.monotonic() - started < 20:
-            peak = max(peak, int((pids / "pids.current").read_text()))
-            await sb.exec("true", timeout=5)
-            await asyncio.sleep(0.05)
-    assert time.monotonic() - started < 20
-    assert peak <= 64
+        await until_raises(look)
+    assert max(peaks, default=0) <= 64
     assert await wait_until(lambda: int((pids / "pids.current").read_text()) <= 1)
     assert host_process_count() < before + 16  # nothing of the bomb is left on the host
     with pytest.raises(LimitExceeded, match="process limit"):
@@ -161,17 +162,24 @@ async def test_a_file_beyond_the_storage_limit_fails_at_once(open_limited) -> No
 async def test_files_adding_up_beyond_the_storage_limit_end_the_sandbox(open_limited) -> None:
     sb = await open_limited(storage_mb=64)
     with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
-        await sb.exec("for i in 1 2 3; do head -c 30M /dev/urandom > /app/f$i; done", timeout=30)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            await sb.exec("true")
-            await asyncio.sleep(0.05)
+        await sb.exec("for i in 1 2 3; do head -c 30M /dev/urandom > /app/f$i; done", timeout=60)
+        await until_raises(lambda: sb.exec("true"))
 
 
-async def test_writes_below_the_storage_limit_are_fine(open_limited) -> None:
+async def test_writes_below_the_storage_limit_are_fine(
+    open_limited, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks: list[int] = []
+    real = limits.disk_usage
+
+    def counted(root: Path) -> int:
+        looks.append(real(root))
+        return looks[-1]
+
+    monkeypatch.setattr(limits, "disk_usage", counted)
     sb = await open_limited(storage_mb=64)
     assert (await sb.exec("head -c 40M /dev/zero > /usr/local/f && echo ok")).stdout == "ok\n"
-    await asyncio.sleep(0.5)  # the watcher looked at least twice
+    assert await wait_until(lambda: any(used >= 40 << 20 for used in looks))  # it was seen
     assert (await sb.exec("stat -c %s /usr/local/f")).stdout == f"{40 << 20}\n"
     assert sb.limits.tripped is None
 
@@ -257,13 +265,13 @@ async def test_close_removes_the_cgroups(open_limited) -> None:
 _OWNER = textwrap.dedent(
     """\
     import asyncio, sys
-    from clotho.sandbox import LocalSandboxConfig, open_sandbox
+    from clotho.sandbox import LocalSandboxConfig, limits, open_sandbox
 
     async def main():
         sb = await open_sandbox(LocalSandboxConfig(state_dir=sys.argv[1]), {})
         await sb.exec("sleep 300 >/dev/null 2>&1 &")
         print(sb.state.name, flush=True)
-        await asyncio.sleep(300)
+        await asyncio.Event().wait()  # alive until killed
 
     asyncio.run(main())
     """
@@ -277,7 +285,7 @@ async def test_cgroups_of_a_killed_owner_are_reaped(tmp_path: Path) -> None:
     )
     try:
         assert owner.stdout is not None
-        name = (await asyncio.wait_for(owner.stdout.readline(), 30)).decode().strip()
+        name = (await asyncio.wait_for(owner.stdout.readline(), PATIENCE_S)).decode().strip()
         assert name
     finally:
         owner.send_signal(signal.SIGKILL)
@@ -313,7 +321,12 @@ async def test_listing_sweeps_empty_cgroups_whose_folder_is_gone(tmp_path: Path)
 
 async def test_a_background_writer_is_stopped_between_commands(open_limited) -> None:
     sb = await open_limited(storage_mb=64)
-    await sb.exec("(sleep 0.3; for i in 1 2 3; do head -c 30M /dev/zero > /app/bg$i; done) &")
+    # The writer starts after the command that launched it has returned: at a file it makes.
+    await sb.exec(
+        "(until [ -e /app/go ]; do sleep 0.01; done; "
+        "for i in 1 2 3; do head -c 30M /dev/zero > /app/bg$i; done) >/dev/null 2>&1 &"
+    )
+    await sb.exec("touch /app/go")
     assert await wait_until(lambda: sb.limits.tripped is not None)
     with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
         await sb.exec("echo after")
@@ -324,8 +337,5 @@ async def test_without_cgroup_limits_storage_is_still_watched(open_limited) -> N
     assert not cgroup("memory", sb.state.name).exists()
     assert not cgroup("pids", sb.state.name).exists()
     with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
-        await sb.exec("for i in 1 2 3; do head -c 30M /dev/zero > /app/f$i; done", timeout=30)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            await sb.exec("true")
-            await asyncio.sleep(0.05)
+        await sb.exec("for i in 1 2 3; do head -c 30M /dev/zero > /app/f$i; done", timeout=60)
+        await until_raises(lambda: sb.exec("true"))

@@ -3,59 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import secrets
-import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from tests.sandbox_fixtures import alive, pids_with_argv0, run_past_timeout, wait_dead
+from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import SandboxError
 from clotho.sandbox import proctree
+from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import base_env
 from clotho.sandbox.shell import PersistentShell
 
 BASH = ["bash", "--noprofile", "--norc"]
 DROPPED = re.compile(r"\n\[\.\.\. (\d+) bytes of output dropped \.\.\.\]\n")
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
-
-
-async def wait_dead(pids: Iterable[int], timeout: float = 5.0) -> list[int]:
-    """Wait until none of `pids` is alive; return the ones still alive at the deadline."""
-    pids = list(pids)
-    deadline = time.monotonic() + timeout
-    while True:
-        left = [p for p in pids if alive(p)]
-        if not left or time.monotonic() > deadline:
-            return left
-        await asyncio.sleep(0.02)
-
-
-def pids_with_argv0(token: str) -> list[int]:
-    """Live host processes whose argv[0] starts with `token`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if cmdline.startswith(token.encode()) and alive(int(entry)):
-            found.append(int(entry))
-    return found
 
 
 @pytest.fixture
@@ -217,13 +181,18 @@ async def test_shell_killed_raises_sandbox_error(shell: PersistentShell) -> None
 
 async def test_timeout_kills_the_whole_process_tree(shell: PersistentShell, tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    started = time.monotonic()
-    r = await shell.run(
-        f"echo before; sleep 300 & echo $! >> {pidfile}; "
-        f"bash -c 'sleep 301 & echo $! >> {pidfile}; echo $$ >> {pidfile}; wait'",
-        timeout=0.5,
+
+    async def run(timeout: float) -> ExecResult:
+        pidfile.unlink(missing_ok=True)
+        return await shell.run(
+            f"echo before; sleep 300 & echo $! >> {pidfile}; "
+            f"bash -c 'sleep 301 & echo $! >> {pidfile}; echo $$ >> {pidfile}; wait'",
+            timeout=timeout,
+        )
+
+    r = await run_past_timeout(
+        run, lambda: pidfile.exists() and len(pidfile.read_text().split()) == 3
     )
-    assert time.monotonic() - started < 5
     assert r.timed_out
     assert r.exit_code == -9
     assert not r.ok
@@ -244,7 +213,7 @@ async def test_background_process_survives_calls_and_timeouts(shell: PersistentS
     assert bg not in proctree.descendants(shell.pid or 0)  # reparented away from the shell
     r = await shell.run(f"kill -0 {bg} && echo running")
     assert r.stdout == "running\n"
-    r = await shell.run("sleep 30", timeout=0.3)
+    r = await shell.run("sleep 300", timeout=0.3)
     assert r.timed_out
     assert alive(bg)
     r = await shell.run(f"kill -0 {bg} && echo running")
@@ -255,8 +224,15 @@ async def test_cancelled_caller_kills_command_and_next_call_is_clean(
     shell: PersistentShell, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "pid"
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(shell.run(f"echo stale; sleep 300 & echo $! > {pidfile}; wait"), 0.5)
+    running = asyncio.create_task(
+        shell.run(
+            f"echo stale; sleep 300 & echo $! > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"
+        )
+    )
+    assert await wait_until(pidfile.exists)  # the command is under way
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
     r = await shell.run("echo fresh")
     assert r.stdout == "fresh\n"
     assert r.stderr == ""
@@ -275,9 +251,7 @@ def _split_capped(text: str) -> tuple[str, int, str]:
 
 async def test_huge_output_is_capped_with_marker(make_shell) -> None:
     shell = await make_shell(max_output_bytes=64 << 10)
-    started = time.monotonic()
     r = await shell.run("head -c 30000000 /dev/zero | tr '\\0' a; printf END")
-    assert time.monotonic() - started < 10
     head, dropped, tail = _split_capped(r.stdout)
     assert head == "a" * len(head)
     assert tail.endswith("aaaEND")
@@ -344,10 +318,7 @@ async def test_close_kills_every_process(make_shell) -> None:
     )
     assert r.stdout == "started\n"
     running = asyncio.create_task(shell.run(f"exec -a {token}-fg sleep 300"))
-    for _ in range(250):
-        if len(pids_with_argv0(token)) >= 3:
-            break
-        await asyncio.sleep(0.02)
+    assert await wait_until(lambda: len(pids_with_argv0(token)) >= 3)
     probes = pids_with_argv0(token)
     assert len(probes) == 3
     shell_pid = shell.pid
@@ -356,7 +327,7 @@ async def test_close_kills_every_process(make_shell) -> None:
     await shell.close()
     # The command in flight ends with the sandbox: killed (137) or the shell gone (SandboxError).
     try:
-        result = await asyncio.wait_for(running, 5)
+        result = await asyncio.wait_for(running, PATIENCE_S)
     except SandboxError:
         pass
     else:
