@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,10 +16,15 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from tests.support import wait_until
 
 from clotho.sandbox.remote.nomad_backend import TOKEN_ENV, NomadBackend, job_spec
 from clotho.sandbox.remote.server import make_app
 from clotho.sandbox.remote_config import NomadSandboxConfig
+
+# An idle timeout any idle time is past (it must be > 0): a host with no slot in use may go
+# at the next round, with no waiting for a clock.
+IDLE_AT_ONCE = 1e-9
 
 
 def _port() -> int:
@@ -30,8 +36,7 @@ def _port() -> int:
 async def _serve(app: Starlette, port: int) -> tuple[uvicorn.Server, asyncio.Task[None]]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 (uvicorn offers a flag, not an event)
-        await asyncio.sleep(0.02)
+    assert await wait_until(lambda: server.started)  # uvicorn offers a flag, not an event
     return server, task
 
 
@@ -113,6 +118,18 @@ class FakeNomad:
         return sorted(a["Name"] for a in self.allocs.values() if a["DesiredStatus"] == "run")
 
 
+def nomad_config(nomad: FakeNomad, tmp_path: Path, **settings: Any) -> NomadSandboxConfig:
+    """A config for the fake: no allocation kept warm, none waited for, idle ones go."""
+    return NomadSandboxConfig(
+        address=f"http://127.0.0.1:{nomad.port}",
+        min_allocations=0,
+        idle_timeout_s=IDLE_AT_ONCE,
+        scale_cooldown_s=0,
+        slot_root=str(tmp_path / "slots"),
+        **settings,
+    )
+
+
 @pytest.fixture
 async def nomad() -> Any:
     fake = FakeNomad()
@@ -140,18 +157,9 @@ def test_the_job_runs_a_sandbox_server_on_a_dynamic_port_under_docker_or_apptain
 
 
 async def test_slots_over_allocations_long_commands_and_scale_down(
-    nomad: FakeNomad, tmp_path: Any
+    nomad: FakeNomad, tmp_path: Path
 ) -> None:
-    config = NomadSandboxConfig(
-        address=f"http://127.0.0.1:{nomad.port}",
-        slots_per_allocation=2,
-        min_allocations=0,
-        idle_timeout_s=0.01,
-        request_timeout_s=1.0,
-        scale_cooldown_s=0,
-        slot_root=str(tmp_path / "slots"),
-        workdir="/app",
-    )
+    config = nomad_config(nomad, tmp_path, slots_per_allocation=2, request_timeout_s=1.0)
     backend = NomadBackend(config)
     boxes = [await backend.open(config, {"clotho.run": "n"}) for _ in range(3)]
     assert nomad.live() == ["clotho-sandbox.sandbox[0]", "clotho-sandbox.sandbox[1]"]
@@ -164,10 +172,9 @@ async def test_slots_over_allocations_long_commands_and_scale_down(
     assert await boxes[0].read_file("f.bin") == bytes(range(256)) * 1000
     # the allocation with the lower index keeps its acquired slots; index 1 goes when idle
     await boxes[2].close()
-    await asyncio.sleep(0.05)
-    await backend.hosts.maintain()
-    await asyncio.sleep(0.2)
-    assert nomad.live() == ["clotho-sandbox.sandbox[0]"] and nomad.scales[-1] == 1
+    await backend.hosts.maintain()  # (or the backend's own round did it first)
+    assert await wait_until(lambda: nomad.live() == ["clotho-sandbox.sandbox[0]"])
+    assert nomad.scales[-1] == 1
     assert (await boxes[1].exec("echo still")).stdout == "still\n"
     await boxes[0].close()
     await boxes[1].close()
@@ -175,21 +182,16 @@ async def test_slots_over_allocations_long_commands_and_scale_down(
     assert nomad.live() == [] and nomad.purged
 
 
-async def test_an_idle_allocation_below_a_busy_one_is_kept(nomad: FakeNomad, tmp_path: Any) -> None:
-    config = NomadSandboxConfig(
-        address=f"http://127.0.0.1:{nomad.port}",
-        slots_per_allocation=1,
-        min_allocations=0,
-        idle_timeout_s=0.01,
-        scale_cooldown_s=0,
-        slot_root=str(tmp_path / "slots"),
-    )
+async def test_an_idle_allocation_below_a_busy_one_is_kept(
+    nomad: FakeNomad, tmp_path: Path
+) -> None:
+    config = nomad_config(nomad, tmp_path, slots_per_allocation=1)
     backend = NomadBackend(config)
     low = await backend.open(config, {})
     high = await backend.open(config, {})
     await low.close()
-    await asyncio.sleep(0.05)
     assert await backend.hosts.maintain() == [], "a count decrease would stop the busy [1]"
+    assert nomad.live() == ["clotho-sandbox.sandbox[0]", "clotho-sandbox.sandbox[1]"]
     assert (await high.exec("echo ok")).stdout == "ok\n"
     await high.close()
     await backend.aclose()
