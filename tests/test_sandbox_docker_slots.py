@@ -17,26 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F401
+from tests.docker_probe import requires_docker
+from tests.sandbox_fixtures import run_past_timeout
+from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import SandboxError
 from clotho.sandbox import open_sandbox, proctree
+from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker.slot_sandbox import IsolatedSlotSandbox, SlotSandbox
 from clotho.sandbox.docker.slots import SlotHost
 from clotho.sandbox.leases import SLOT_ISOLATION, SLOTS, docker_records
 from clotho.sandbox.pool import PoolConfig, SlotPool
 
+pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
+
 pytestmark = requires_docker
-
-
-@pytest.fixture
-async def host(docker: Any) -> AsyncIterator[SlotHost]:
-    slot_host = SlotHost(docker)
-    try:
-        yield slot_host
-    finally:
-        await slot_host.close()
 
 
 @pytest.fixture
@@ -66,9 +62,11 @@ async def containers(docker: Any, marker: str) -> list[dict[str, Any]]:
 
 
 async def open_slots(
-    host: SlotHost, config: DockerSandboxConfig, marker: str, count: int
+    slot_host: SlotHost, config: DockerSandboxConfig, marker: str, count: int
 ) -> list[SlotSandbox]:
-    return list(await asyncio.gather(*(host.open(config, {"probe": marker}) for _ in range(count))))
+    return list(
+        await asyncio.gather(*(slot_host.open(config, {"probe": marker}) for _ in range(count)))
+    )
 
 
 async def ps_args(sandbox: SlotSandbox) -> list[str]:
@@ -78,13 +76,20 @@ async def ps_args(sandbox: SlotSandbox) -> list[str]:
     return r.stdout.splitlines()
 
 
-async def wait_gone(sandbox: SlotSandbox, token: str, timeout: float = 5.0) -> list[str]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        left = [a for a in await ps_args(sandbox) if token in a]
-        if not left or asyncio.get_running_loop().time() > deadline:
-            return left
-        await asyncio.sleep(0.05)
+async def with_token(sandbox: SlotSandbox, token: str) -> list[str]:
+    return [a for a in await ps_args(sandbox) if token in a]
+
+
+async def wait_count(sandbox: SlotSandbox, token: str, count: int) -> list[str]:
+    """The container's processes with `token` in their arguments, once there are `count`."""
+    found: list[str] = []
+
+    async def counted() -> bool:
+        found[:] = await with_token(sandbox, token)
+        return len(found) == count
+
+    await wait_until(counted)
+    return found
 
 
 async def gone(docker: Any, container_id: str) -> bool:
@@ -101,10 +106,10 @@ async def gone(docker: Any, container_id: str) -> bool:
 
 
 async def test_three_slots_share_one_container_without_isolation(
-    host: SlotHost, docker: Any, marker: str, tmp_path: Path
+    slot_host: SlotHost, docker: Any, marker: str, tmp_path: Path
 ) -> None:
     config = DockerSandboxConfig(slots_per_container=3, slot_isolation="none")
-    slots = await open_slots(host, config, marker, 3)
+    slots = await open_slots(slot_host, config, marker, 3)
     try:
         found = await containers(docker, marker)
         assert len(found) == 1
@@ -145,14 +150,14 @@ async def test_three_slots_share_one_container_without_isolation(
         await asyncio.gather(*(s.close() for s in slots))
     # Closing the last slot removed the container and the host-side FIFO folder.
     assert await containers(docker, marker) == []
-    assert host.stats() == {"containers": 0, "slots_in_use": 0}
+    assert slot_host.stats() == {"containers": 0, "slots_in_use": 0}
 
 
 async def test_close_kills_every_process_of_the_slot_and_wipes_it(
-    host: SlotHost, marker: str
+    slot_host: SlotHost, marker: str
 ) -> None:
     config = DockerSandboxConfig(slots_per_container=2, slot_isolation="none")
-    victim, witness = await open_slots(host, config, marker, 2)
+    victim, witness = await open_slots(slot_host, config, marker, 2)
     token = f"reap-{secrets.token_hex(3)}"
     try:
         await victim.exec("echo old > mine.txt")
@@ -162,18 +167,17 @@ async def test_close_kills_every_process_of_the_slot_and_wipes_it(
             f"nohup bash -c 'exec -a {token}-nohup sleep 302' >/dev/null 2>&1 & echo started"
         )
         assert r.stdout == "started\n"
-        await asyncio.sleep(0.2)
-        assert len([a for a in await ps_args(witness) if token in a]) == 3
+        assert len(await wait_count(witness, token, 3)) == 3  # detached ones start late
         folder = f"/slots/{victim.slot}"
         await victim.close()
-        assert await wait_gone(witness, token) == []
+        assert await wait_count(witness, token, 0) == []
         assert (await witness.exec(f"[ -e {folder} ] || echo wiped")).stdout == "wiped\n"
         with pytest.raises(SandboxError):
             await victim.exec("true")
         await victim.close()  # idempotent
 
         # The number is used again, for a fresh slot in the same container.
-        again = await host.open(config, {"probe": marker})
+        again = await slot_host.open(config, {"probe": marker})
         try:
             assert again.container_id == witness.container_id
             assert again.slot == victim.slot
@@ -189,10 +193,10 @@ async def test_close_kills_every_process_of_the_slot_and_wipes_it(
 
 
 async def test_isolated_slots_see_only_their_own_workspace(
-    host: SlotHost, docker: Any, marker: str, tmp_path: Path
+    slot_host: SlotHost, docker: Any, marker: str, tmp_path: Path
 ) -> None:
     config = DockerSandboxConfig(slots_per_container=3, slot_isolation="bwrap")
-    slots = await open_slots(host, config, marker, 3)
+    slots = await open_slots(slot_host, config, marker, 3)
     try:
         found = await containers(docker, marker)
         assert len(found) == 1
@@ -277,33 +281,43 @@ async def test_isolated_slots_see_only_their_own_workspace(
 
 
 async def test_isolated_slot_timeout_and_close_reach_every_process(
-    host: SlotHost, marker: str
+    slot_host: SlotHost, marker: str
 ) -> None:
     config = DockerSandboxConfig(slots_per_container=2, slot_isolation="bwrap")
-    victim, witness = await open_slots(host, config, marker, 2)
+    victim, witness = await open_slots(slot_host, config, marker, 2)
     token = f"tree-{secrets.token_hex(3)}"
     try:
         await victim.exec(f"(exec -a {token}-bg sleep 300) &")
-        r = await victim.exec(f"bash -c 'exec -a {token}-child sleep 300'", timeout=0.5)
+        assert await wait_count(witness, token, 1) == [f"{token}-bg 300"]
+
+        async def run(timeout: float) -> ExecResult:
+            await victim.exec("rm -f started")
+            return await victim.exec(
+                f"bash -c 'echo >> started; exec -a {token}-child sleep 300'", timeout=timeout
+            )
+
+        async def started() -> bool:
+            return (await victim.exec("cat started 2>/dev/null")).stdout == "\n"
+
+        r = await run_past_timeout(run, started)
         assert r.timed_out
-        assert [a for a in await ps_args(witness) if token in a] == [f"{token}-bg 300"]
+        assert await wait_count(witness, token, 1) == [f"{token}-bg 300"]
         assert (await victim.exec("echo after")).stdout == "after\n"
         # Gone with the slot even when it left the tree and dropped its environment.
         await victim.exec(f"env -i setsid bash -c '(exec -a {token}-escaped sleep 301) &'")
-        await asyncio.sleep(0.2)
-        assert len([a for a in await ps_args(witness) if token in a]) == 2
+        assert len(await wait_count(witness, token, 2)) == 2
         await victim.close()
-        assert await wait_gone(witness, token) == []
+        assert await wait_count(witness, token, 0) == []
     finally:
         await witness.close()
 
 
 @pytest.mark.parametrize("isolation", ["none", "bwrap"])
 async def test_a_crashed_slot_shell_leaves_its_neighbours_alone(
-    host: SlotHost, docker: Any, marker: str, isolation: str
+    slot_host: SlotHost, docker: Any, marker: str, isolation: str
 ) -> None:
     config = DockerSandboxConfig(slots_per_container=3, slot_isolation=isolation)
-    slots = await open_slots(host, config, marker, 3)
+    slots = await open_slots(slot_host, config, marker, 3)
     container_id = slots[0].container_id
     try:
         crashed = slots[1]
@@ -314,7 +328,7 @@ async def test_a_crashed_slot_shell_leaves_its_neighbours_alone(
         for pid in inner:
             os.kill(pid, signal.SIGKILL)
         with pytest.raises(SandboxError):
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(PATIENCE_S):
                 await crashed.exec("echo never")
         for s in (slots[0], slots[2]):
             assert (await s.exec("echo fine")).stdout == "fine\n"
@@ -327,37 +341,49 @@ async def test_a_crashed_slot_shell_leaves_its_neighbours_alone(
 
 
 async def test_output_after_a_shell_died_is_dropped_quietly(
-    host: SlotHost, marker: str, caplog: pytest.LogCaptureFixture
+    slot_host: SlotHost, marker: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A process the dead shell left behind still holds its FIFOs and writes into them."""
     config = DockerSandboxConfig(slots_per_container=2, slot_isolation="none")
-    sandbox = (await open_slots(host, config, marker, 1))[0]
+    sandbox, witness = await open_slots(slot_host, config, marker, 2)
+    go, done = (f"/tmp/late-{secrets.token_hex(4)}-{step}" for step in ("go", "done"))
     try:
-        await sandbox.exec("(setsid bash -c 'sleep 1; echo late; echo late >&2' &)")
+        # It writes only once the shell is dead (at a file the test makes then), and says so.
+        await sandbox.exec(
+            f'(setsid bash -c \'trap "" PIPE; until [ -e {go} ]; do sleep 0.01; done; '
+            f"echo late; echo late >&2; touch {done}' &)"
+        )
         outer = sandbox._shell.pid
         assert outer is not None
         for pid in [outer, *proctree.descendants(outer)]:
             os.kill(pid, signal.SIGKILL)
         with pytest.raises(SandboxError):
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(PATIENCE_S):
                 await sandbox.exec("echo never")
-        await asyncio.sleep(1.5)  # the late writes arrive after the streams ended
+        await witness.exec(f"touch {go}")
+
+        async def written() -> bool:
+            return (await witness.exec(f"[ -e {done} ] && echo yes")).stdout == "yes\n"
+
+        assert await wait_until(written)  # the late writes came after the streams ended,
+        await witness.exec("true")  # and the loop has had its turns since
     finally:
         await sandbox.close()
+        await witness.close()
     assert not [r for r in caplog.records if r.name == "asyncio" and r.levelname == "ERROR"]
 
 
 async def test_bwrap_isolation_needs_bubblewrap_in_the_image(
-    host: SlotHost, docker: Any, marker: str, no_bwrap_image: str
+    slot_host: SlotHost, docker: Any, marker: str, no_bwrap_image: str
 ) -> None:
     config = DockerSandboxConfig(
         image=no_bwrap_image, slots_per_container=2, slot_isolation="bwrap"
     )
     with pytest.raises(SandboxError, match=r"no bwrap .*slot_isolation='none'"):
-        await host.open(config, {"probe": marker})
+        await slot_host.open(config, {"probe": marker})
     # auto falls back to slots without isolation, says so, and copies the image's workspace.
     auto = config.model_copy(update={"slot_isolation": "auto"})
-    slots = await open_slots(host, auto, marker, 2)
+    slots = await open_slots(slot_host, auto, marker, 2)
     try:
         found = await containers(docker, marker)
         assert len(found) == 1  # the refused container is gone

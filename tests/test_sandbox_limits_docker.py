@@ -8,16 +8,18 @@ fails the tests instead.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
-from tests.docker_probe import DOCKER_PROBLEM, requires_docker
+from tests.docker_probe import fail_without_docker_in_ci, requires_docker
+from tests.support import PATIENCE_S
 
 from clotho.errors import LimitExceeded
 from clotho.sandbox import open_sandbox
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.docker.slots import SlotHost
+
+pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
 
 pytestmark = requires_docker
 
@@ -26,8 +28,7 @@ ALLOCATE = "python3 -c 'x = bytearray({mb} << 20); print(len(x))'"
 
 @pytest.fixture(autouse=True)
 def _daemon() -> None:
-    if DOCKER_PROBLEM is not None:
-        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
+    fail_without_docker_in_ci()
 
 
 async def test_memory_past_the_limit_is_a_limit_failure() -> None:
@@ -45,16 +46,14 @@ async def test_memory_past_the_limit_is_a_limit_failure() -> None:
 
 
 async def test_a_fork_bomb_is_contained() -> None:
-    started = time.monotonic()
     async with await open_sandbox(DockerSandboxConfig(pids_limit=64)) as sb:
         with pytest.raises(LimitExceeded, match="process limit"):
             await sb.exec("b() { b | b & }; b; sleep 3", timeout=20)
         assert isinstance(sb, DockerSandbox)
         with pytest.raises(LimitExceeded):  # failed for good, whoever asks
-            await sb.exec_fresh("true", timeout=30)
+            await sb.exec_fresh("true", timeout=PATIENCE_S)
         top = await sb.container.top(ps_args="-o pid")
         assert len(top["Processes"]) <= 64  # contained by the container's cgroup
-    assert time.monotonic() - started < 60
 
 
 async def test_disk_past_the_limit_is_a_limit_failure() -> None:
@@ -72,44 +71,34 @@ async def test_disk_past_the_limit_is_a_limit_failure() -> None:
             await sb.stop_agent()
 
 
-async def test_a_slots_memory_failure_is_its_own() -> None:
-    import aiodocker
-
-    host = SlotHost(aiodocker.Docker(), owns_client=True)
-    try:
-        config = DockerSandboxConfig(slots_per_container=2, slot_isolation="none", memory_mb=192)
-        a, b = await asyncio.gather(host.open(config), host.open(config))
-        with pytest.raises(LimitExceeded, match="memory"):
-            await a.exec(ALLOCATE.format(mb=400))
-        assert (await b.exec("echo fine")).stdout == "fine\n"  # the neighbour is not charged
-        await a.close()
-        await b.close()
-    finally:
-        await host.close()
+async def test_a_slots_memory_failure_is_its_own(slot_host: SlotHost) -> None:
+    config = DockerSandboxConfig(slots_per_container=2, slot_isolation="none", memory_mb=192)
+    a, b = await asyncio.gather(slot_host.open(config), slot_host.open(config))
+    with pytest.raises(LimitExceeded, match="memory"):
+        await a.exec(ALLOCATE.format(mb=400))
+    assert (await b.exec("echo fine")).stdout == "fine\n"  # the neighbour is not charged
+    await a.close()
+    await b.close()
 
 
 @pytest.mark.parametrize("isolation", ["none", "bwrap"])
-async def test_a_slot_that_fills_the_disk_fails_alone_as_limit(isolation: str) -> None:
+async def test_a_slot_that_fills_the_disk_fails_alone_as_limit(
+    slot_host: SlotHost, isolation: str
+) -> None:
     """The quota is the container's: the slot whose files passed it fails as `limit`; its
     neighbour, killed with the container, is infrastructure (retried), not charged."""
-    import aiodocker
-
     from clotho.errors import SandboxError
 
-    host = SlotHost(aiodocker.Docker(), owns_client=True)
-    try:
-        config = DockerSandboxConfig(
-            slots_per_container=2, slot_isolation=isolation, storage_mb=40, storage_check_s=0.3
+    config = DockerSandboxConfig(
+        slots_per_container=2, slot_isolation=isolation, storage_mb=40, storage_check_s=0.3
+    )
+    a, b = await asyncio.gather(slot_host.open(config), slot_host.open(config))
+    with pytest.raises(LimitExceeded, match="disk"):
+        await a.exec(
+            "for i in $(seq 40); do head -c 10000000 /dev/urandom > f$i; sleep 0.1; done",
+            timeout=60,
         )
-        a, b = await asyncio.gather(host.open(config), host.open(config))
-        with pytest.raises(LimitExceeded, match="disk"):
-            await a.exec(
-                "for i in $(seq 40); do head -c 10000000 /dev/urandom > f$i; sleep 0.1; done",
-                timeout=60,
-            )
-        with pytest.raises(SandboxError, match=f"slot {a.slot} filled"):
-            await b.exec("echo hi")
-        await a.close()
-        await b.close()
-    finally:
-        await host.close()
+    with pytest.raises(SandboxError, match=f"slot {a.slot} filled"):
+        await b.exec("echo hi")
+    await a.close()
+    await b.close()
