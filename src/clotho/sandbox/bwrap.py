@@ -4,14 +4,21 @@ Namespaces: user, pid, ipc, uts, net and mount, with every capability dropped (`
 ALL`): the sandbox's uid 0 cannot mount, ptrace its init or chown. As root on the host the
 sandbox runs as its own unprivileged host uid (`state.SANDBOX_UID_BASE` + n, claimed with the
 state folder; `setpriv` drops to it right before bwrap), so root-only host files (`/etc/shadow`,
-a task's tests in a 0700 folder) are as closed to it as to any user. The host root is either
-bound read-only entry by entry, or (as root) the lower layer of an overlay mounted in a private
-mount namespace, whose upper layer is in the sandbox's state folder and owned by the sandbox's
-uid: `/` and `/usr/local/*` and `/opt` are writable (their upper folders are the sandbox's),
-host files owned by root stay read-only, and nothing is mounted on the host. /tmp, /run, /root
-and /home are private tmpfs; the workspace is a host folder bound at `workdir`; a transfer
-folder bound at `XFER_MOUNT` carries files in and out, used on the host only through a
-directory fd and never following a link (`transfer.XferDir`).
+a task's tests in a 0700 folder) are as closed to it as to any user.
+
+What the sandbox sees of the host is an allow-list (`_host_view`), never the host's root minus
+some folders: the system trees (/usr, and /bin, /sbin, /lib* as the host has them, links or
+read-only binds), an /etc of its own (`_make_etc`), /dev, /proc, private tmpfs at /tmp, /run,
+/root, /home and /var/tmp, an empty /opt, the workspace (a host folder bound at `workdir`) and
+a transfer folder bound at `XFER_MOUNT` that carries files in and out, used on the host only
+through a directory fd and never following a link (`transfer.XferDir`). Nothing else of the
+host exists inside: not its task folders, run folders, checkouts, virtualenvs, /work, /srv,
+/var, /mnt or /opt, whoever may read them on the host. As root (`root='overlay'`), `/` is a
+folder of the state folder, root's and sticky (the sandbox adds entries, e.g. /logs, but
+cannot remove or replace /lib64 or /bin), /usr/local is an overlay mounted in a private mount
+namespace whose upper layer (in the state folder) is the sandbox uid's, and /opt is the
+sandbox's: its root may install there; nothing is mounted on the host. In `root='ro'` the
+root is bubblewrap's tmpfs, remounted read-only once the binds are in place.
 
 Every sandbox process lives in the sandbox's freezer cgroup (`cgroups.py`, as root), so
 `stop_agent` freezes them all at once; `exec_fresh` runs `nsenter` into namespaces whose fds
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import os
 import shlex
 import shutil
@@ -60,11 +68,44 @@ from clotho.sandbox.transfer import (
     XferDir,
 )
 
-_PRIVATE_DIRS = ("tmp", "run", "root", "home")
-_SKIPPED_ROOT_ENTRIES = {"proc", "dev", "sys", *_PRIVATE_DIRS}
+# The host's system trees, as the host has them (a folder bound read-only, or a link such as
+# /bin -> usr/bin on a merged-/usr host): the programs, libraries and their data. /usr/local
+# included: on a host whose python is /usr/local/bin/python3 the tests run with it.
+_SYSTEM_TREES = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# Private, empty at start (tmpfs): nothing of the host's.
+_PRIVATE_DIRS = ("tmp", "run", "root", "home", "var/tmp")
 _RO_EXTRA_DIRS = ("/logs", "/tests", "/solution")
-# Upper-layer folders owned by the sandbox's uid: where its root may install things.
-_WRITABLE_TREES = ("usr/local", "opt")
+# As root, the overlay the sandbox's root may install into (its upper layer is the sandbox's).
+_USR_LOCAL = "/usr/local"
+_HOSTNAME = "clotho"
+# /etc is the sandbox's own, not the host's: what programs under /usr read to start and behave
+# as packaged, bound read-only from the host where it has them (names or fnmatch patterns).
+# Never what an administrator wrote about this host or its users (hosts, passwd, environment,
+# profile, pip.conf, npmrc, gitconfig, apt sources with their tokens, ssh, service configs),
+# which the whole /etc would have shown.
+_ETC_FROM_HOST = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d",  # the dynamic linker (not ld.so.preload)
+    "ssl", "ca-certificates", "ca-certificates.conf", "pki", "crypto-policies",  # TLS roots
+    "alternatives",  # Debian: /usr/bin/awk -> /etc/alternatives/awk -> /usr/bin/mawk
+    "protocols", "services",  # getprotobyname("tcp"), getservbyname("http")
+    "localtime", "timezone", "locale.alias", "locale.conf",
+    "os-release", "debian_version", "lsb-release", "redhat-release", "system-release",
+    "alpine-release",
+    # configuration that packages ship for their programs
+    "python3", "python3.*", "perl", "java-*", "fonts", "xml", "sgml", "magic", "magic.mime",
+    "mime.types", "terminfo", "inputrc", "shells", "mtab",
+)  # fmt: skip
+# Written for every sandbox: who its users are (root, and nobody for host-owned files, which
+# its user namespace does not map), its own name, and how names are looked up.
+_ETC_WRITTEN = {
+    "passwd": "root:x:0:0:root:/root:/bin/bash\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "group": "root:x:0:\nnogroup:x:65534:\n",
+    "hostname": f"{_HOSTNAME}\n",
+    "hosts": f"127.0.0.1\tlocalhost {_HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n"
+    "networks: files\nprotocols: files\nservices: files\n",
+}
 _NAMESPACES = (("user", "user"), ("mount", "mnt"), ("pid", "pid"), ("net", "net"),
                ("ipc", "ipc"), ("uts", "uts"))  # fmt: skip
 DEFAULT_DOWNLOAD_LIMIT = 1 << 30
@@ -86,14 +127,11 @@ _MOUNT_RACE = "Unable to apply mount flags"
 _START_ATTEMPTS = 3
 
 
-def ro_root_args(only: set[str] | None = None) -> list[str]:
-    """bwrap arguments binding the host's top-level entries read-only (`only` those named)."""
+def ro_root_args(only: set[str]) -> list[str]:
+    """bwrap arguments binding the host's top-level entries named in `only` read-only (the
+    bubblewrap-per-command baseline of `bench`; the sandbox's own view is `_host_view`)."""
     args: list[str] = []
-    for name in sorted(os.listdir("/")):
-        if name in _SKIPPED_ROOT_ENTRIES or name.startswith("."):
-            continue
-        if only is not None and name not in only:
-            continue
+    for name in sorted(only):
         path = f"/{name}"
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -102,28 +140,119 @@ def ro_root_args(only: set[str] | None = None) -> list[str]:
     return args
 
 
+def _system_trees() -> list[tuple[str, str | None]]:
+    """The host's `_SYSTEM_TREES` that exist: (name, the link's text, or None for a folder)."""
+    found: list[tuple[str, str | None]] = []
+    for name in _SYSTEM_TREES:
+        path = f"/{name}"
+        if os.path.islink(path):
+            found.append((name, os.readlink(path)))
+        elif os.path.isdir(path):
+            found.append((name, None))
+    return found
+
+
+def _mkdir(path: Path, mode: int = 0o755) -> None:
+    path.mkdir()
+    os.chmod(path, mode)  # whatever the harness's umask
+
+
+def _make_etc(etc: Path, *, network: bool) -> list[str]:
+    """The sandbox's /etc, made in the state folder: `_ETC_WRITTEN` written, the host's links
+    of `_ETC_FROM_HOST` copied, and an empty mount point for each of its files and folders;
+    returns the names to bind read-only from the host's /etc. As root the folder is root's,
+    so the sandbox's uid cannot add to it (an /etc/ld.so.preload of its own would load into
+    every program the tests run)."""
+    _mkdir(etc)
+    binds: list[str] = []
+    for name in sorted(os.listdir("/etc")):
+        if name in _ETC_WRITTEN or not any(fnmatch.fnmatchcase(name, p) for p in _ETC_FROM_HOST):
+            continue
+        host = Path("/etc", name)
+        if host.is_symlink():  # resolved inside the sandbox, like every link there
+            os.symlink(os.readlink(host), etc / name)
+        elif host.is_dir():
+            _mkdir(etc / name)
+            binds.append(name)
+        elif host.is_file():
+            (etc / name).touch(0o644)
+            binds.append(name)
+    for name, text in _ETC_WRITTEN.items():
+        (etc / name).write_text(text)
+        os.chmod(etc / name, 0o644)
+    if network:  # the mount point of the sandbox's resolv.conf
+        (etc / "resolv.conf").touch(0o644)
+    return binds
+
+
+def _make_root(root: Path, trees: list[tuple[str, str | None]], uid: int | None) -> None:
+    """`/` of an overlay-mode sandbox: a folder in the state folder holding the links of the
+    system trees and the mount points, all root's; the folder itself is sticky and open to
+    all, so the sandbox may add entries (/logs, /tests, a folder of its own) but not remove
+    or rename the harness's: a /lib64 it replaced would give every program the verifier runs
+    its dynamic loader. /opt is a mount point too: `opt` of the state folder, the sandbox
+    uid's own (empty) folder, is bound there."""
+    _mkdir(root)
+    for name, link in trees:
+        if link is not None:
+            os.symlink(link, root / name)
+        else:
+            _mkdir(root / name)
+    for name in ("etc", "dev", "proc", "var", *_PRIVATE_DIRS, "opt"):
+        _mkdir(root / name)
+    _mkdir(root.parent / "opt")
+    if uid is not None:
+        os.chown(root.parent / "opt", uid, uid)
+    os.chmod(root, 0o1777)
+
+
+def _usr_local_is_folder() -> bool:
+    return os.path.isdir(_USR_LOCAL) and not os.path.islink(_USR_LOCAL)
+
+
 def _prepare_upper(upper: Path, uid: int) -> None:
-    """Make the overlay's upper root and the folders of `_WRITABLE_TREES` (and their
-    subfolders one level down) the sandbox uid's; their parents keep the host's owner."""
+    """Make the /usr/local overlay's upper root, and a folder for each folder of the host's
+    /usr/local (bin, lib, ...), the sandbox uid's: its root may install there (pip's scripts
+    in /usr/local/bin); deeper folders keep the host's owner."""
     os.chown(upper, uid, uid)
-    targets: list[str] = []
-    for tree in _WRITABLE_TREES:
-        host = Path("/", tree)
-        if host.is_dir() and not host.is_symlink():
-            targets.append(tree)
-            targets += [
-                f"{tree}/{child.name}"
-                for child in sorted(host.iterdir())
-                if child.is_dir() and not child.is_symlink()
-            ]
-    for rel in targets:
-        made = upper
-        for part in Path(rel).parts:
-            made = made / part
-            if not made.exists():
-                made.mkdir()
-                os.chmod(made, os.stat(Path("/") / made.relative_to(upper)).st_mode & 0o7777)
-        os.chown(made, uid, uid)
+    for child in sorted(Path(_USR_LOCAL).iterdir()):
+        if child.is_dir() and not child.is_symlink():
+            made = upper / child.name
+            _mkdir(made, child.stat().st_mode & 0o7777)
+            os.chown(made, uid, uid)
+
+
+def _host_view(
+    root_mode: str,
+    seen: Path,
+    trees: list[tuple[str, str | None]],
+    etc_binds: list[str],
+    usr_local: bool,
+) -> list[str]:
+    """bwrap arguments for everything the sandbox sees of the host (an allow-list), before
+    its private folders, workspace and transfer folder."""
+    args: list[str] = []
+    if root_mode == "overlay":
+        args += ["--bind", str(seen / "root"), "/"]  # `_make_root`: the links are in it
+        for name, link in trees:
+            if link is None:
+                args += ["--ro-bind", f"/{name}", f"/{name}"]
+        if usr_local:
+            args += ["--bind", str(seen / "ovl" / "m"), _USR_LOCAL]
+        # root's: writable to nobody in the sandbox, like the host's own /etc was
+        args += ["--bind", str(seen / "etc"), "/etc", "--bind", str(seen / "opt"), "/opt"]
+    else:
+        for name, link in trees:
+            if link is not None:
+                args += ["--symlink", link, f"/{name}"]
+            else:
+                args += ["--ro-bind", f"/{name}", f"/{name}"]
+        args += ["--ro-bind", str(seen / "etc"), "/etc", "--dir", "/opt"]
+        for path in _RO_EXTRA_DIRS:
+            args += ["--tmpfs", path]
+    for name in etc_binds:
+        args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    return args
 
 
 # As root, the state folder is seen at this path (a bind in the private mount namespace the
@@ -140,13 +269,12 @@ def bwrap_argv(
     cgroups: SandboxCgroups | None = None,
 ) -> list[str]:
     seen = Path(_STATE_VIEW) if uid is not None else state
-    argv = ["bwrap"]
+    trees = _system_trees()
+    usr_local = root_mode == "overlay" and ("usr", None) in trees and _usr_local_is_folder()
+    etc_binds = _make_etc(state / "etc", network=config.network)
     if root_mode == "overlay":
-        argv += ["--bind", str(seen / "ovl" / "m"), "/"]
-    else:
-        argv += ro_root_args()
-        for path in _RO_EXTRA_DIRS:
-            argv += ["--tmpfs", path]
+        _make_root(state / "root", trees, uid)
+    argv = ["bwrap", *_host_view(root_mode, seen, trees, etc_binds, usr_local)]
     argv += ["--dev", "/dev", "--proc", "/proc"]
     for name in _PRIVATE_DIRS:
         argv += ["--tmpfs", f"/{name}"]
@@ -154,6 +282,8 @@ def bwrap_argv(
     argv += ["--bind", str(seen / "xfer"), XFER_MOUNT]
     if config.network and os.path.isfile("/etc/resolv.conf"):
         argv += ["--ro-bind", str(seen / "resolv.conf"), "/etc/resolv.conf"]
+    if root_mode == "ro":  # last: every mount point is made; then nothing new at `/`
+        argv += ["--remount-ro", "/"]
     # The network namespace is always the sandbox's own: with `network`, slirp4netns connects it.
     argv += ["--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
     argv += ["--hostname", "clotho", "--die-with-parent", "--new-session"]
@@ -161,7 +291,7 @@ def bwrap_argv(
         argv += ["--setenv", "CLOTHO_STATE", str(state), "--unsetenv", "CLOTHO_STATE"]
     argv += ["--chdir", config.workdir, "bash", "--noprofile", "--norc"]
     steps: list[str] = []
-    if root_mode == "overlay":
+    if usr_local:
         # A private mount namespace holds the overlay, so nothing is mounted on the host; its
         # upper layer lives in the sandbox's state folder and goes away with it. (A Python
         # preexec_fn would do the mounts without the extra processes, but it forces fork()
@@ -173,7 +303,8 @@ def bwrap_argv(
         if uid is not None:
             _prepare_upper(ovl / "u", uid)
         steps.append(
-            'mount -t overlay clotho -o "lowerdir=/,upperdir=$0/ovl/u,workdir=$0/ovl/w" "$0/ovl/m"'
+            f'mount -t overlay clotho -o "lowerdir={_USR_LOCAL},upperdir=$0/ovl/u,'
+            'workdir=$0/ovl/w" "$0/ovl/m"'
         )
     if uid is not None:
         steps += [
