@@ -32,6 +32,7 @@ from tenacity import (
     wait_random,
 )
 
+from clotho.chat.overflow import ContextOverflow, is_context_overflow
 from clotho.errors import ModelError
 
 T = TypeVar("T")
@@ -180,7 +181,10 @@ class BalancedPoster:
             retry_after = _parse_retry_after(headers.get("retry-after"))
             raise _Retryable(f"{url}: HTTP {status}: {_text(data, 300)}", retry_after)
         if status >= 400:
-            raise ModelError(f"{url}: HTTP {status}: {_text(data, 500)}")
+            text = _text(data, 500)
+            if is_context_overflow(status, _text(data, len(data))):  # the agent's own doing
+                raise ContextOverflow(f"the conversation exceeds the model's context: {text}")
+            raise ModelError(f"{url}: HTTP {status}: {text}")
         try:
             if len(data) >= OFF_LOOP_BYTES:
                 parsed = await asyncio.to_thread(_decode_and_parse, data, parse)
