@@ -12,7 +12,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from clotho.chat.http import DEFAULT_MAX_REPLY_BYTES, DEFAULT_REQUEST_TIMEOUT_S, BalancedPoster
 from clotho.chat.reasoning import split_reasoning
@@ -92,6 +93,22 @@ class ModelConfig(BaseModel):
     unhealthy_cooldown_s: float = 30.0
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("base_url")
+    @classmethod
+    def _urls(cls, value: str | list[str]) -> str | list[str]:
+        """An endpoint is an http(s) URL with a host: a typo is refused now, not retried as
+        an unreachable server for the whole run."""
+        for url in [value] if isinstance(value, str) else value:
+            try:
+                parsed = httpx.URL(url)
+            except (httpx.InvalidURL, TypeError) as exc:
+                raise ValueError(f"{url!r} is not a URL: {exc}") from exc
+            if parsed.scheme not in ("http", "https") or not parsed.host:
+                raise ValueError(
+                    f"{url!r} is not an http(s) URL with a host (e.g. http://127.0.0.1:8000/v1)"
+                )
+        return value
 
     @model_validator(mode="after")
     def _default_api(self) -> ModelConfig:

@@ -147,6 +147,7 @@ def process_command(
         started = False  # a run that never produced leaves an earlier SFT file alone
         try:
             await environment.setup()
+            await environment.preflight()
             started = True
             await produce_groups(
                 environment, sink, concurrency=concurrency, n_groups=n_groups, on_group=shown
@@ -216,6 +217,7 @@ def evaluate_command(
         )
         try:
             await environment.setup()
+            await environment.preflight()
             samples = await environment.evaluate()
         finally:
             await environment.close()

@@ -170,6 +170,7 @@ def serve_command(
                 on_eval=shown,
             )
             await environment.setup()
+            await environment.preflight()
             resumed = lifecycle.restore()
             registered = await client.register_env(
                 RegisterEnv(

@@ -22,6 +22,7 @@ from clotho.agent.loop import AgentLimits
 from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
 from clotho.chat.models import Model, build_model
+from clotho.chat.probe import probe_endpoint
 from clotho.chat.token_model import TokenModel
 from clotho.chat.tokenizer import TemplateTokenizer
 from clotho.chat.tokens import NOT_SAMPLED
@@ -157,6 +158,21 @@ class Environment(abc.ABC, Generic[Item]):
             "tokenizer is configured: give --tokenizer (a folder or tokenizer.json with the "
             "chat template), or use a token API (--set model.api=vllm|sglang)"
         )
+
+    async def preflight(self) -> None:
+        """Refuse, before the first rollout, a run that cannot work: the tokenizer is read,
+        the model built (a missing extra says which) and a remote endpoint asked whether it
+        answers, so a wrong path, URL or key is one clear error and not a run of infra errors.
+        The commands call it after `setup()`."""
+        if self.config.tokenizer and self._tokenizer is None:
+            self._tokenizer = await asyncio.to_thread(
+                TemplateTokenizer.from_path, self.config.tokenizer
+            )
+        await self._require_model()
+        config = self.config.model
+        if config is not None and config.api != "local":
+            for url in config.base_urls:
+                await probe_endpoint(url, config.api_key_env)
 
     def _require_pool(self) -> SlotPool:
         if self.pool is None:
