@@ -26,6 +26,9 @@ from clotho.chat.types import ModelTurn
 from clotho.errors import ConfigError
 
 DEFAULT_MAX_TOKENS = 1024
+# The embedded model runs on this CPU at about 100 tokens/s and one context serves every
+# rollout in turn: a shorter default reply keeps `clotho eval --agent llm` to minutes.
+EMBEDDED_DEFAULT_MAX_TOKENS = 256
 
 
 class ModelSession(Protocol):
@@ -81,6 +84,8 @@ def load_model(config: ModelConfig) -> ChatClient | TokenModel:
     sampling = token_sampling(config.sampling)
     client: TokenClient
     if config.api == "local":
+        if config.sampling.max_tokens is None:
+            sampling = sampling.model_copy(update={"max_tokens": EMBEDDED_DEFAULT_MAX_TOKENS})
         from clotho.chat.local_model import load_embedded_model
 
         client, tokenizer = load_embedded_model()
