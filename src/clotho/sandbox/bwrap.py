@@ -79,21 +79,23 @@ _RO_EXTRA_DIRS = ("/logs", "/tests", "/solution")
 _USR_LOCAL = "/usr/local"
 _HOSTNAME = "clotho"
 # /etc is the sandbox's own, not the host's: what programs under /usr read to start and behave
-# as packaged, bound read-only from the host where it has them (names or fnmatch patterns).
-# Never what an administrator wrote about this host or its users (hosts, passwd, environment,
-# profile, pip.conf, npmrc, gitconfig, apt sources with their tokens, ssh, service configs),
-# which the whole /etc would have shown.
+# as packaged, taken from the host where it has them (names or fnmatch patterns; files are
+# copied, folders bound read-only: a bind costs a start 1-2 ms on a busy host). Never what an
+# administrator wrote about this host or its users (hosts, passwd, environment, profile,
+# pip.conf, npmrc, gitconfig, apt sources with their tokens, ssh, service configs), which the
+# whole /etc would have shown. Tools that configure the system (ldconfig, update-ca-
+# certificates, apt) find nothing to configure: the sandbox cannot change the system anyway.
 _ETC_FROM_HOST = (
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d",  # the dynamic linker (not ld.so.preload)
-    "ssl", "ca-certificates", "ca-certificates.conf", "pki", "crypto-policies",  # TLS roots
+    "ld.so.cache",  # the dynamic linker's (never ld.so.preload)
+    "ssl", "pki", "crypto-policies",  # TLS roots and OpenSSL's configuration
     "alternatives",  # Debian: /usr/bin/awk -> /etc/alternatives/awk -> /usr/bin/mawk
     "protocols", "services",  # getprotobyname("tcp"), getservbyname("http")
     "localtime", "timezone", "locale.alias", "locale.conf",
     "os-release", "debian_version", "lsb-release", "redhat-release", "system-release",
     "alpine-release",
     # configuration that packages ship for their programs
-    "python3", "python3.*", "perl", "java-*", "fonts", "xml", "sgml", "magic", "magic.mime",
-    "mime.types", "terminfo", "inputrc", "shells", "mtab",
+    "python3", "python3.*", "perl", "java-*", "fonts", "magic", "magic.mime", "mime.types",
+    "inputrc", "shells", "mtab",
 )  # fmt: skip
 # Written for every sandbox: who its users are (root, and nobody for host-owned files, which
 # its user namespace does not map), its own name, and how names are looked up.
@@ -158,8 +160,8 @@ def _mkdir(path: Path, mode: int = 0o755) -> None:
 
 
 def _make_etc(etc: Path, *, network: bool) -> list[str]:
-    """The sandbox's /etc, made in the state folder: `_ETC_WRITTEN` written, the host's links
-    of `_ETC_FROM_HOST` copied, and an empty mount point for each of its files and folders;
+    """The sandbox's /etc, made in the state folder: `_ETC_WRITTEN` written, the host's files
+    and links of `_ETC_FROM_HOST` copied, and an empty mount point for each of its folders;
     returns the names to bind read-only from the host's /etc. As root the folder is root's,
     so the sandbox's uid cannot add to it (an /etc/ld.so.preload of its own would load into
     every program the tests run)."""
@@ -175,8 +177,9 @@ def _make_etc(etc: Path, *, network: bool) -> list[str]:
             _mkdir(etc / name)
             binds.append(name)
         elif host.is_file():
-            (etc / name).touch(0o644)
-            binds.append(name)
+            with contextlib.suppress(OSError):  # one the harness cannot read is left out
+                shutil.copyfile(host, etc / name)
+                os.chmod(etc / name, 0o644)
     for name, text in _ETC_WRITTEN.items():
         (etc / name).write_text(text)
         os.chmod(etc / name, 0o644)
