@@ -334,8 +334,56 @@ def test_unknown_repo_without_network_names_the_instance(options: SweOptions) ->
         trial.cache.snapshot(trial.instance)
 
 
-def test_shell_quoting_of_ids() -> None:
-    assert shlex.quote("t.py::test_x[a b]") == "'t.py::test_x[a b]'"
+# A listed id that is shell code: quoted, it reaches pytest as one argument and runs nothing.
+HOSTILE_ID = (
+    "tests/test_calc.py::test_mean[it's $(echo INJECTED1) `echo INJECTED2`; echo INJECTED3]"
+)
+# An instance's own test command (as SWE-bench-style records carry): our pytest, JUnit XML
+# at {junit}; every argument it receives is printed first, one per line, between < and >.
+ECHOING_TEST_CMD = (
+    "printf 'ARG<%s>\\n' {tests}; PYTHONPATH=/tmp/clotho-swe/runner python3 -m pytest -q "
+    "-p no:cacheprovider -p no:randomly -o addopts= -o junit_family=xunit1 --rootdir=. "
+    "--junitxml={junit} {tests}"
+)
+
+
+@requires_bwrap
+async def test_shell_quoting_of_ids(options: SweOptions, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an instance's own `test_cmd`, every listed id (spaces, brackets, quotes, `$(...)`)
+    reaches the command as one argument and nothing in it runs; ids are split over several
+    command lines past the length limit, each with its own JUnit file, and all are judged."""
+    from clotho.swe import verify as swe_verify
+
+    spaced = "tests/test_calc.py::test_clamp[high edge]"
+    calc = next(r for r in toy_records() if spaced in r["PASS_TO_PASS"])
+    hostile = [*calc["PASS_TO_PASS"], HOSTILE_ID]
+    record = calc | {"test_cmd": ECHOING_TEST_CMD, "PASS_TO_PASS": hostile}
+    listed = record["FAIL_TO_PASS"] + record["PASS_TO_PASS"]
+    # About three ids per command line: several lines, so several pytest runs and JUnit files.
+    longest = max(len(shlex.quote(t)) for t in listed)
+    monkeypatch.setattr(swe_verify, "MAX_COMMAND_CHARS", len(ECHOING_TEST_CMD) + 3 * longest + 3)
+    chunks = swe_verify._chunks(listed, ECHOING_TEST_CMD)
+    assert len(chunks) >= 3 and [t for c in chunks for t in c] == listed
+    async with SlotPool() as pool:
+        trial = trials(options, [record])[0]
+        outcome = await run_trial(trial, OracleAgent(), LocalSandboxConfig(), pool)
+    assert outcome.error is None, outcome.error
+    found = report(outcome)
+    received = [
+        line.removeprefix("ARG<").removesuffix(">")
+        for line in found["runner_output"].splitlines()
+        if line.startswith("ARG<")
+    ]
+    assert received == listed  # each id one argument, unchanged, in order, over every chunk
+    assert "INJECTED" not in found["runner_output"].replace(HOSTILE_ID, "")
+    outcomes_ = {test: entry["outcome"] for test, entry in found["tests"].items()}
+    assert outcomes_.pop(HOSTILE_ID) == "not collected"
+    assert set(outcomes_.values()) == {"passed"} and len(outcomes_) == len(listed) - 1
+    # The gold patch fixed every FAIL_TO_PASS test; the hostile id is listed and not
+    # collected, so the instance as a whole is not passed: no id is silently dropped.
+    kept = 1 - 1 / len(record["PASS_TO_PASS"])
+    assert outcome.rewards == {"fail_to_pass": 1.0, "pass_to_pass": pytest.approx(kept)}
+    assert outcome.reward == 0.0
 
 
 @requires_bwrap

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.sandbox import DockerSandboxConfig
 from clotho.sandbox.docker import backend as docker_backend
 from clotho.sandbox.pool import PoolConfig, SlotPool
-from clotho.swe.examples import TOY_INSTANCES, build_toys
+from clotho.swe.examples import TOY_INSTANCES, TOY_SOURCES, build_toys
 from clotho.swe.instance import SweInstance, SweOptions
-from clotho.swe.repos import RepoCache
+from clotho.swe.repos import RepoCache, git
 from clotho.swe.trial import SweTrial
 from clotho.tasks.trial import run_trial
 
@@ -73,8 +74,33 @@ async def test_oracle_1_and_nop_0_in_shared_containers(cases: list[SweTrial]) ->
         assert reward == (1.0 if agent == "oracle" else 0.0), (name, agent)
 
 
-def test_module_uses_the_toy_sources() -> None:
-    assert Path(TOY_INSTANCES).is_file()
+def _tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(f.relative_to(root)): f.read_bytes()
+        for f in sorted(root.rglob("*"))
+        if f.is_file() and ".git" not in f.parts and "__pycache__" not in f.parts
+    }
+
+
+def test_module_uses_the_toy_sources(cases: list[SweTrial], tmp_path: Path) -> None:
+    """The containers above ran every bundled toy instance, each from the repository built
+    from its examples/swe/toy/ source: at the record's base commit, the gold patch gives back
+    exactly that source tree (so the oracle's 1 and nop's 0 judged the bundled bugs)."""
+    records = [json.loads(x) for x in TOY_INSTANCES.read_text().splitlines() if x.strip()]
+    assert [t.name for t in cases] == [r["instance_id"] for r in records]
+    sources = {p.name: p for p in TOY_SOURCES.iterdir() if p.is_dir()}
+    assert {t.instance.repo.rsplit("/", 1)[-1] for t in cases} == set(sources)
+    for trial in cases:
+        snapshot = trial.cache.snapshot(trial.instance)
+        head = git("rev-parse", "HEAD", cwd=snapshot).stdout.strip()
+        assert head == trial.instance.base_commit, trial.name
+        work = tmp_path / trial.name
+        shutil.copytree(snapshot, work)
+        source = _tree(sources[trial.instance.repo.rsplit("/", 1)[-1]])
+        assert _tree(work) != source, trial.name  # the bug is there before the fix
+        applied = git("apply", "-", cwd=work, stdin=trial.instance.patch)
+        assert applied.returncode == 0, (trial.name, applied.stderr)
+        assert _tree(work) == source, trial.name
 
 
 async def test_workspace_upload_passes_the_fifo_folder_and_leaves_nothing(
