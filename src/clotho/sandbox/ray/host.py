@@ -11,6 +11,7 @@ OSError with its errno, SandboxError) rather than Ray's wrapper of it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import tempfile
@@ -21,6 +22,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from clotho.errors import ConfigError
 from clotho.sandbox.backends import (
     EnvironmentSpec,
     SandboxBackend,
@@ -28,7 +30,9 @@ from clotho.sandbox.backends import (
     make_backend,
 )
 from clotho.sandbox.base import Sandbox
+from clotho.sandbox.bwrap import NETWORK_ROOT_HINT
 from clotho.sandbox.leases import SandboxRecord
+from clotho.sandbox.netguard import guard_host_addresses
 from clotho.sandbox.ray.channel import ChannelServer
 from clotho.sandbox.ray.payload import (
     OUT_OF_BAND_ABOVE,
@@ -39,11 +43,42 @@ from clotho.sandbox.ray.payload import (
     remove_tree,
     unpack,
 )
+from clotho.sandbox.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 
 Reply = tuple[str, Any]
+log = logging.getLogger(__name__)
+GUARD_REFRESH_S = 5.0
 
 RAY_NODE = "clotho.ray-node"  # the Ray node id a sandbox runs on
 RAY_HOSTNAME = "clotho.ray-hostname"  # the machine it runs on (nodes may share one)
+
+
+def cluster_addresses() -> list[str]:
+    """The address of every live node of the cluster, as Ray reports them."""
+    import ray
+
+    return sorted(
+        {
+            n["NodeManagerAddress"]
+            for n in ray.nodes()
+            if n.get("Alive") and n.get("NodeManagerAddress")
+        }
+    )
+
+
+def node_address(node_id: str) -> str:
+    """The address Ray reports for node `node_id` (`ray start --node-ip-address`)."""
+    import ray
+
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            address = str(node.get("NodeManagerAddress") or "")
+            if address in ("", "0.0.0.0", "::"):
+                break
+            return address
+    from clotho.errors import SandboxError
+
+    raise SandboxError(f"Ray reports no address for node {node_id[:12]}")
 
 
 def _inner_adapter() -> TypeAdapter[Any]:
@@ -69,6 +104,8 @@ class SandboxHost:
         self._backends: dict[str, SandboxBackend] = {}
         self._adapter = _inner_adapter()
         self._channel: ChannelServer | None = None
+        self._guarded: set[str] = set()  # node addresses the network guard blocks
+        self._guard_task: asyncio.Future[None] | None = None
 
     def _backend(self, inner: Any) -> SandboxBackend:
         key = backend_key(inner)
@@ -85,17 +122,60 @@ class SandboxHost:
             raise SandboxError(f"no sandbox {sid} on node {self.node_id[:12]} (closed?)")
         return sandbox
 
+    async def _guard_network(self, inner: Any) -> None:
+        """A networked sandbox must not reach this cluster's nodes (their command channels,
+        Ray's ports): their addresses join the host guard's (`netguard.py`) before it opens,
+        and are looked up again every `GUARD_REFRESH_S` for nodes that join later. Refused
+        when the guard cannot hold: a backend without one, or no root."""
+        if not getattr(inner, "network", False):
+            return
+        from clotho.sandbox.config import LocalSandboxConfig
+
+        if not isinstance(inner, LocalSandboxConfig):
+            raise ConfigError(
+                f"network=True on a Ray cluster needs the local backend (not {inner.backend}): "
+                "only its guard keeps a sandbox off the cluster's other nodes"
+            )
+        if os.geteuid() != 0:
+            raise ConfigError(NETWORK_ROOT_HINT)
+        addresses = set(await asyncio.to_thread(cluster_addresses))
+        if not addresses <= self._guarded:
+            await guard_host_addresses(SANDBOX_UID_BASE, SANDBOX_UID_COUNT, sorted(addresses))
+            self._guarded |= addresses
+        if self._guard_task is None:
+            self._guard_task = asyncio.ensure_future(self._keep_guard())
+
+    async def _keep_guard(self) -> None:
+        while True:
+            await asyncio.sleep(GUARD_REFRESH_S)
+            try:
+                addresses = set(await asyncio.to_thread(cluster_addresses)) | self._guarded
+                await guard_host_addresses(SANDBOX_UID_BASE, SANDBOX_UID_COUNT, sorted(addresses))
+                self._guarded = addresses
+            except Exception as exc:
+                log.warning("the network guard of Ray node %s was not refreshed: %s",
+                            self.node_id[:12], exc)  # fmt: skip
+
     async def ping(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "hostname": self.hostname, "pid": os.getpid()}
 
-    async def serve(self, token: str) -> tuple[str, int]:
-        """Start (once) the command channel on this node's address; admit `token`."""
-        import ray
-
+    async def serve(self, secret: bytes, loopback: bool) -> tuple[str, int]:
+        """Start (once) the command channel and admit clients holding `secret`, which came
+        in this Ray call and never travels on the channel (`channel.py`). It listens where
+        the driver reaches it and no wider: on loopback when the driver runs on this
+        machine (`loopback`), else on the address Ray reports for this node; never a
+        wildcard."""
         if self._channel is None:
             self._channel = ChannelServer(self._dispatch)
-        address = ray.util.get_node_ip_address()
-        return address, await self._channel.start(address, token)
+        if loopback:
+            address = "127.0.0.1"
+        else:
+            address = await asyncio.to_thread(node_address, self.node_id)
+        return address, await self._channel.start(address, secret)
+
+    def listening(self) -> list[tuple[str, int]]:
+        """Where the command channel listens (the tests check it is no wildcard)."""
+        return [] if self._channel is None else self._channel.bound
 
     async def _dispatch(self, method: str, *args: Any) -> Reply:
         reply: Reply = await getattr(self, method)(*args)
@@ -106,6 +186,7 @@ class SandboxHost:
     async def open(self, inner_json: str, labels: dict[str, str], lease_s: float) -> Reply:
         async def work() -> tuple[str, str]:
             inner = self._adapter.validate_json(inner_json)
+            await self._guard_network(inner)
             labels.update({RAY_NODE: self.node_id, RAY_HOSTNAME: self.hostname})
             sandbox = await self._backend(inner).open(inner, labels, lease_s=lease_s)
             sid = uuid.uuid4().hex[:16]
@@ -155,6 +236,8 @@ class SandboxHost:
         """Close every sandbox this host opened, then its backends (the driver is done)."""
         if self._channel is not None:
             self._channel.close()
+        if self._guard_task is not None:
+            self._guard_task.cancel()
         sandboxes = list(self._sandboxes.values())
         self._sandboxes.clear()
         await asyncio.gather(*(s.close() for s in sandboxes), return_exceptions=True)
