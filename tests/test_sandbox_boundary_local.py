@@ -10,13 +10,18 @@ import os
 import secrets
 import shutil
 import socket
-from collections.abc import AsyncIterator
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.bwrap import BwrapSandbox
+from clotho.sandbox.netguard import guard_host_addresses, remove_guard
+from clotho.sandbox.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 
 pytestmark = [
     pytest.mark.bwrap,
@@ -217,3 +222,116 @@ async def test_network_does_not_reach_the_hosts_own_services(tmp_path: Path) -> 
     finally:
         server.close()
         await server.wait_closed()
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def other_hosts() -> Iterator[tuple[str, str, str, int]]:
+    """Hosts of our own in a network namespace behind a veth pair: `node` (another cluster
+    node's address), `open` (an address nothing blocks) and the cloud's metadata address,
+    169.254.169.254, routed into it; each with a TCP server on `port`."""
+    tag = secrets.token_hex(3)
+    ns, outer, inner = f"clotho-t{tag}", f"ct{tag}h", f"ct{tag}n"
+    net = f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}"
+    node, open_ = f"{net}.2", f"{net}.3"
+    _ip("netns", "add", ns)
+    server = None
+    try:
+        _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        _ip("link", "set", inner, "netns", ns)
+        _ip("addr", "add", f"{net}.1/24", "dev", outer)
+        _ip("link", "set", outer, "up")
+        for address in (f"{node}/24", f"{open_}/24", "169.254.169.254/32"):
+            _ip("-n", ns, "addr", "add", address, "dev", inner)
+        _ip("-n", ns, "link", "set", inner, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "route", "add", "default", "dev", inner)
+        _ip("route", "add", "169.254.169.254/32", "dev", outer)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-c", SERVER],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        yield node, open_, "169.254.169.254", port
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "link", "del", outer], capture_output=True)  # its route too
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+SERVER = """
+import socket
+s = socket.socket()
+s.bind(("0.0.0.0", 0))
+s.listen(64)
+print(s.getsockname()[1], flush=True)
+while True:
+    s.accept()[0].close()
+"""
+
+
+@ROOT
+@pytest.mark.skipif(shutil.which("slirp4netns") is None, reason="apt-get install slirp4netns")
+async def test_network_reaches_neither_the_clusters_nodes_nor_the_metadata_service(
+    tmp_path: Path, other_hosts: tuple[str, str, str, int]
+) -> None:
+    """What the Ray host actor does before a networked sandbox opens on a node: the other
+    nodes' addresses join the guard. The sandbox then reaches an address outside it, but
+    neither the node nor 169.254.169.254, which the host itself reaches."""
+    node, open_, metadata, port = other_hosts
+    config = LocalSandboxConfig(state_dir=str(tmp_path), network=True)
+    await guard_host_addresses(SANDBOX_UID_BASE, SANDBOX_UID_COUNT, [node])
+    try:
+        async with await open_sandbox(config) as sb:
+
+            async def reaches(address: str) -> bool:
+                probe = f"timeout 10 bash -c 'exec 3<>/dev/tcp/{address}/{port}'"
+                return (await sb.exec(probe)).exit_code == 0
+
+            assert await reaches(open_), "the sandbox has no network: the test proves nothing"
+            assert not await reaches(node), "the sandbox reached another node"
+            assert not await reaches(metadata), "the sandbox reached the metadata service"
+        for address in (node, metadata):  # there, for the host: the guard is what stops it
+            _, writer = await asyncio.wait_for(asyncio.open_connection(address, port), 30)
+            writer.close()
+    finally:
+        await remove_guard(SANDBOX_UID_BASE, SANDBOX_UID_COUNT, [node])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to an unprivileged user")
+def test_network_without_root_is_refused() -> None:
+    """Without root there is no sandbox uid for the guard to match: a networked sandbox is
+    refused with a message that says what to do, never started unguarded."""
+    state = Path(tempfile.mkdtemp(prefix="clotho-noroot-", dir="/tmp"))
+    state.chmod(0o777)  # open to the unprivileged user: where a sandbox would have gone
+    script = (
+        "import asyncio\n"
+        "from clotho.errors import ConfigError\n"
+        "from clotho.sandbox import LocalSandboxConfig, open_sandbox\n"
+        "async def main():\n"
+        f"    config = LocalSandboxConfig(state_dir={str(state)!r}, network=True)\n"
+        "    try:\n"
+        "        await open_sandbox(config)\n"
+        "    except ConfigError as exc:\n"
+        "        print('refused:', exc)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+         sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(state)},
+    )  # fmt: skip
+    try:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("refused: network=True on the local backend needs root")
+        assert "without --network" in done.stdout
+        assert list(state.iterdir()) == [], "a sandbox was started"
+    finally:
+        shutil.rmtree(state)

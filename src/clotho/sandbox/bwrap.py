@@ -25,7 +25,8 @@ Every sandbox process lives in the sandbox's freezer cgroup (`cgroups.py`, as ro
 were taken from the sandbox's init before the agent ran; `digests` reads files through the
 init's root directory fd, from the host. With `network`, the sandbox keeps its own network
 namespace (its own loopback) and reaches out through slirp4netns running as the sandbox's uid,
-which a firewall rule keeps off every address of the host itself.
+which firewall rules keep off every address of the host itself, link-local and cloud metadata
+addresses (`netguard.py`); without root there is no such uid, and `network` is refused.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Unpack
 
-from clotho.errors import SandboxError
+from clotho.errors import ConfigError, SandboxError
 from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall
 from clotho.sandbox.cgroups import AGENT, SandboxCgroups
@@ -116,6 +117,11 @@ INSTALL_HINT = (
     "bubblewrap (bwrap) is not installed; the local sandbox refuses to run without it. "
     "Install it with `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`, "
     "or pass --sandbox unsafe-local to run commands on the host without isolation."
+)
+NETWORK_ROOT_HINT = (
+    "network=True on the local backend needs root: the guard that keeps a networked sandbox "
+    "off the host's own addresses, the cluster and the cloud's metadata is a firewall rule on "
+    "the sandbox's own uid, which only root can give it. Run as root, or without --network"
 )
 SLIRP_HINT = (
     "network=True on the local backend needs slirp4netns (the sandbox keeps its own network "
@@ -368,6 +374,8 @@ class BwrapSandbox(ShellBackedSandbox):
     ) -> BwrapSandbox:
         if shutil.which("bwrap") is None:
             raise SandboxError(INSTALL_HINT)
+        if config.network and os.geteuid() != 0:
+            raise ConfigError(NETWORK_ROOT_HINT)  # fail closed: never a network unguarded
         if config.network and shutil.which("slirp4netns") is None:
             raise SandboxError(SLIRP_HINT)
         labels = dict(labels or {})
@@ -393,8 +401,9 @@ class BwrapSandbox(ShellBackedSandbox):
                     os.chown(state / name, uid, uid)
             if config.network:
                 (state / "resolv.conf").write_text("nameserver 10.0.2.3\n")
-                if uid is not None:  # fail closed: no network without the host guard
-                    await guard_host_addresses(SANDBOX_UID_BASE, SANDBOX_UID_COUNT)
+                if uid is None:  # fail closed: no network without the host guard
+                    raise ConfigError(NETWORK_ROOT_HINT)
+                await guard_host_addresses(SANDBOX_UID_BASE, SANDBOX_UID_COUNT)
             # Resource limits (limits.py): the freezer's cgroups get the memory, pids (and cpu)
             # controllers and their limits before the shell starts; RLIMIT_FSIZE in the argv.
             limits = SandboxLimits.create(config, state, ("freezer",) if as_root else ())
