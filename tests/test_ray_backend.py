@@ -4,9 +4,14 @@ each its own `ray start` with its own resource, running bubblewrap sandboxes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import ipaddress
 import json
 import os
+import pickle
+import socket
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,13 +23,17 @@ from tests.docker_probe import requires_docker
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
 
+from clotho.errors import ConfigError  # noqa: E402
 from clotho.runs.eval import run_eval  # noqa: E402
 from clotho.runs.records import EvalConfig, TrialRecord  # noqa: E402
 from clotho.sandbox import PoolConfig, SlotPool  # noqa: E402
 from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig  # noqa: E402
+from clotho.sandbox.netguard import address_rule  # noqa: E402
 from clotho.sandbox.ray import RayBackend, RaySandbox  # noqa: E402
+from clotho.sandbox.ray.channel import MAGIC  # noqa: E402
 from clotho.sandbox.ray.local_cluster import LocalRayCluster  # noqa: E402
 from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
+from clotho.sandbox.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT  # noqa: E402
 
 pytestmark = requires_bwrap
 
@@ -104,6 +113,129 @@ async def test_sandboxes_spread_over_nodes_and_do_everything_a_sandbox_does(
         assert isinstance(backend, RayBackend)
         left = [r for r in await backend.records() if r.labels.get("clotho.run") == "ray-api"]
         assert left == []
+
+
+def _listening(pid: int) -> set[tuple[str, int]]:
+    """The TCP addresses process `pid` listens on, read from the kernel (/proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table, size in (("tcp", 4), ("tcp6", 16)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)
+            # /proc prints each 32-bit word in host (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, size, 4))
+            found.add((str(ipaddress.ip_address(raw)), int(port, 16)))
+    return found
+
+
+def _outward_address() -> str | None:
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.255.255.255", 1))  # no packet: picks the host's outward address
+        address = str(probe.getsockname()[0])
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if address.startswith("127.") else address
+
+
+class _Evil:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return os.system, (f"touch {self.marker}",)
+
+
+async def test_the_command_channel_listens_on_the_nodes_address_and_unpickles_nothing(
+    cluster: LocalRayCluster, tmp_path: Path
+) -> None:
+    """The issue's exploit on a real host actor: one pickled frame to its channel's port ran
+    a command as root. Now the port is bound to the address the node was started with
+    (127.0.0.1 here, not the machine's other addresses), and the frame runs nothing: the
+    actor closes the connection and its channel goes on serving the driver."""
+    config = ray_config(cluster)
+    async with SlotPool(PoolConfig(max_size=2), labels={"clotho.run": "ray-chan"}) as pool:
+        box = await pool.acquire(config)
+        assert isinstance(box, RaySandbox)
+        host = box.host
+        assert host.channel is not None and host.listen is not None
+        address, port = host.listen
+        assert address == "127.0.0.1", "the node was started with --node-ip-address=127.0.0.1"
+        pid = (await host.actor.ping.remote())["pid"]
+        bound = {a for a in _listening(pid) if a[1] == port}
+        assert bound == {("127.0.0.1", port)}, bound
+        assert await host.actor.listening.remote() == [("127.0.0.1", port)]
+        outward = _outward_address()
+        if outward is not None:  # not reachable on the machine's network address
+            with pytest.raises(ConnectionRefusedError):
+                await asyncio.open_connection(outward, port)
+
+        marker = tmp_path / "pwned"
+        data = pickle.dumps(_Evil(marker))
+        reader, writer = await asyncio.open_connection(address, port)
+        challenge = await asyncio.wait_for(reader.read(1024), 30)
+        assert challenge.startswith(MAGIC)
+        writer.write(struct.pack("!I", len(data)) + data)
+        try:
+            rest = await asyncio.wait_for(reader.read(), 30)
+        except ConnectionResetError:
+            rest = b""
+        writer.close()
+        assert rest == b"", "the actor answered a frame it should have refused"
+        assert not marker.exists(), "a pickle sent to the channel ran"
+        # the driver's channel is untouched and still carries the sandbox's commands
+        assert (await box.exec("echo still")).stdout == "still\n"
+        assert not host.channel.lost
+        await pool.release(box)
+    assert not marker.exists()
+
+
+async def test_a_network_on_the_cluster_is_refused_where_no_guard_holds(
+    cluster: LocalRayCluster,
+) -> None:
+    """Docker's network is the host's: nothing keeps a container off the other nodes, so a
+    networked Docker sandbox on a cluster is refused (before any Docker is touched)."""
+    config = RaySandboxConfig(
+        address=cluster.address, inner=DockerSandboxConfig(image="x", network=True)
+    )
+    async with SlotPool(PoolConfig(max_size=1)) as pool:
+        with pytest.raises(ConfigError, match="needs the local backend"):
+            await pool.acquire(config)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a networked sandbox needs root")
+async def test_a_networked_sandbox_on_the_cluster_reaches_no_node(
+    cluster: LocalRayCluster, tmp_path: Path
+) -> None:
+    """Every node's address joins the network guard before a networked sandbox opens: the
+    sandbox reaches neither its host actor's channel nor Ray's own port (GCS)."""
+    config = ray_config(cluster, network=True)
+    async with SlotPool(PoolConfig(max_size=2), labels={"clotho.run": "ray-net"}) as pool:
+        box = await pool.acquire(config)
+        assert isinstance(box, RaySandbox) and box.host.listen is not None
+        node = box.host.address  # as Ray reports it: this machine's network address
+        rule = address_rule(SANDBOX_UID_BASE, SANDBOX_UID_COUNT, ipaddress.ip_network(node))
+        checked = await asyncio.to_thread(
+            subprocess.run, ["iptables", "-w", "-C", *rule], capture_output=True
+        )
+        assert checked.returncode == 0, "the node's address is not in the guard"
+        channel, port = box.host.listen
+        for address, target in ((channel, port), (node, cluster.port), (channel, cluster.port)):
+            r = await box.exec(f"timeout 10 bash -c 'exec 3<>/dev/tcp/{address}/{target}'")
+            assert r.exit_code != 0, f"the sandbox reached {address}:{target}"
+        assert (await box.exec("echo up")).stdout == "up\n"
+        await pool.release(box)
 
 
 def _slow_task(root: Path, name: str) -> None:

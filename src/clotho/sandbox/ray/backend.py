@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,6 +50,9 @@ PUT_ABOVE = 512 << 10
 # How long after a node is lost `healthy()` (asked without a sandbox) stays False.
 LOSS_WINDOW_S = 300.0
 NODE_REFRESH_S = 5.0
+# A lost host actor on a live node is replaced, at most this often (one that fails to start
+# is not restarted in a loop).
+RESTART_AFTER_S = 10.0
 
 
 class HostLost(SandboxError):
@@ -99,6 +103,20 @@ def _disconnect() -> None:
             ray.shutdown()
 
 
+def _on_this_machine(address: str) -> bool:
+    """Whether `address` is one of this machine's own (in this network namespace): a node
+    there is reached on loopback, so its channel need not listen on the network."""
+    if not address or address in ("0.0.0.0", "::"):
+        return False
+    try:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 @dataclass(eq=False)
 class _Host:
     """One node's host actor as the driver sees it."""
@@ -111,6 +129,10 @@ class _Host:
     hostname: str = ""
     ready: asyncio.Future[None] | None = field(default=None, repr=False)
     channel: ChannelClient | None = field(default=None, repr=False)
+    started_at: float = field(default_factory=time.monotonic)
+    replaces: _Host | None = field(default=None, repr=False)  # the lost host it took over from
+    address: str = ""  # the node's, as Ray reports it
+    listen: tuple[str, int] | None = None  # where its command channel listens
 
 
 class RayBackend(SandboxBackend[RaySandboxConfig]):
@@ -128,6 +150,10 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
         self._sandboxes: set[RaySandbox] = set()
         self._last_loss: float | None = None
         self._closed = False
+        self._background: set[asyncio.Future[None]] = set()
+        # What the command channels admit: given to each host actor in a Ray call (the
+        # control plane), proven on the channel by HMAC, never sent on it (`channel.py`).
+        self._secret = secrets.token_bytes(32)
 
     # -- the cluster --------------------------------------------------------------------
 
@@ -162,9 +188,20 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
                 resources = node.get("Resources", {})
                 if self.config.node_resource and self.config.node_resource not in resources:
                     continue
-                alive.add(node["NodeID"])
-                if node["NodeID"] not in self._hosts:
-                    self._hosts[node["NodeID"]] = self._start_host(node["NodeID"])
+                node_id = node["NodeID"]
+                alive.add(node_id)
+                old = self._hosts.get(node_id)
+                if old is None:
+                    self._hosts[node_id] = self._start_host(node_id)
+                    self._hosts[node_id].address = node.get("NodeManagerAddress") or ""
+                elif old.dead and time.monotonic() - old.started_at > RESTART_AFTER_S:
+                    # The node lives on without its host actor (killed, or it never
+                    # started): a new one takes its place and reaps what the old one left.
+                    log.warning(
+                        "a new sandbox host on Ray node %s replaces a lost one", node_id[:12]
+                    )
+                    self._hosts[node_id] = self._start_host(node_id, replaces=old)
+                    self._hosts[node_id].address = node.get("NodeManagerAddress") or ""
             for host in self._hosts.values():
                 if host.node_id not in alive and not host.dead:
                     self._mark_dead(host)
@@ -172,7 +209,7 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
         await asyncio.gather(*(self._wait_ready(h) for h in hosts), return_exceptions=True)
         return [h for h in hosts if not h.dead]
 
-    def _start_host(self, node_id: str) -> _Host:
+    def _start_host(self, node_id: str, replaces: _Host | None = None) -> _Host:
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -183,7 +220,47 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(node_id)
-        return _Host(node_id=node_id, actor=actor)
+        host = _Host(node_id=node_id, actor=actor, replaces=replaces)
+        if replaces is not None:
+            self._retire(replaces)
+        return host
+
+    def _retire(self, host: _Host) -> None:
+        """Stop what is left of a lost host actor: its channel, and the actor itself if it
+        still lingers (it never answered), in the background."""
+
+        async def retire() -> None:
+            if host.channel is not None:
+                await host.channel.aclose()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(_ray().kill, host.actor, no_restart=True)
+
+        task = asyncio.ensure_future(retire())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _reap(self, host: _Host) -> None:
+        """Remove the sandboxes a lost host actor on `host`'s node left (their owner, that
+        actor's process, is dead: the node's own verdict), through the new actor."""
+        try:
+            status, found = await asyncio.wait_for(
+                host.actor.records.remote(self.config.inner.model_dump_json()),
+                max(self.config.call_timeout_s, 60.0),
+            )
+            if status != "ok":
+                raise found
+            for data, orphaned in found:
+                if orphaned and data["labels"].get(RAY_NODE) == host.node_id:
+                    record = {**data, "labels": dict(data["labels"])}
+                    status, error = await host.actor.remove.remote(
+                        self.config.inner.model_dump_json(), record
+                    )
+                    if status != "ok":
+                        log.warning("reaping sandbox %s failed: %s", data["id"], error)
+        except Exception as exc:
+            log.warning(
+                "reaping the sandboxes of a lost host on %s failed: %s", host.node_id[:12], exc
+            )
 
     async def _wait_ready(self, host: _Host) -> None:
         if host.ready is None:
@@ -196,16 +273,24 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
                 host.actor.ping.remote(), max(self.config.call_timeout_s, 60.0)
             )
             host.hostname = info["hostname"]
+            if host.replaces is not None:
+                host.replaces = None
+                task = asyncio.ensure_future(self._reap(host))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
         except Exception as exc:
             log.warning("the sandbox host on Ray node %s did not start: %s", host.node_id, exc)
             self._mark_dead(host)
             raise
         if self.config.channel:
             try:
-                token = secrets.token_hex(16)
-                address, port = await asyncio.wait_for(host.actor.serve.remote(token), 30)
+                loopback = _on_this_machine(host.address)
+                address, port = await asyncio.wait_for(
+                    host.actor.serve.remote(self._secret, loopback), 30
+                )
+                host.listen = (address, port)
                 host.channel = await asyncio.wait_for(
-                    ChannelClient.connect(address, port, token), 30
+                    ChannelClient.connect(address, port, self._secret), 30
                 )
             except Exception as exc:
                 log.warning(
@@ -322,18 +407,23 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
     async def _open(self, request: OpenRequest[RaySandboxConfig]) -> Sandbox:
         config, labels, lease_s = request.config, request.labels, request.lease_s
         inner_json = config.inner.model_dump_json()
-        tried: set[str] = set()
+        tried: set[int] = set()  # hosts (a node's replaced host is a new one)
+        refresh = refreshed = False
         while True:
-            hosts = [h for h in await self.hosts() if h.node_id not in tried]
+            hosts = [h for h in await self.hosts(refresh=refresh) if id(h) not in tried]
+            refresh = False
             if config.max_per_node is not None:
                 hosts = [h for h in hosts if h.open < config.max_per_node]
+            if not hosts and not refreshed:
+                refresh = refreshed = True  # a host lost meanwhile may have a successor now
+                continue
             if not hosts:
                 raise SandboxError(
                     f"no Ray node can take a sandbox ({len(tried)} tried, "
                     f"max_per_node {config.max_per_node})"
                 )
             host = min(hosts, key=lambda h: h.open)
-            tried.add(host.node_id)
+            tried.add(id(host))
             host.open += 1  # counted before the await, so concurrent opens spread
             try:
                 sid, workdir = await self.call(host, "open", inner_json, dict(labels), lease_s)
@@ -446,6 +536,10 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
         if self._closed:
             return
         self._closed = True
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.wait(list(self._background))
         for sandbox in list(self._sandboxes):
             with contextlib.suppress(Exception):
                 await sandbox.close()
