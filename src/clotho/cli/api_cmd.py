@@ -1,15 +1,19 @@
 """`clotho api`: serve the Atropos trajectory API (a drop-in for upstream `run-api`).
 
-It never runs open unless told to (`--no-auth`, loopback only): with no `--token` and no
-`CLOTHO_API_TOKEN` it makes a token and prints it. An open server on this machine is open to
+It never runs open unless told to (`--no-auth`, loopback only): the token comes from
+`--token-file`, `--token-env` or `CLOTHO_API_TOKEN` (or, not advised, `--token`, which `ps`
+shows every user), and without one it makes a token and writes it to a file only its user can
+read. The token is never printed, only where it is. An open server on this machine is open to
 every local process, agents' sandboxes included, and to web pages through DNS rebinding.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,7 +22,8 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from clotho.cli.signals import Terminated, cancel_on_signals
-from clotho.errors import ClothoError
+from clotho.cli.token_source import made_token_file, resolve_token
+from clotho.errors import ClothoError, ConfigError
 
 console = Console(stderr=True)
 INSTALL_HINT = "`clotho api` needs the extra: pip install 'clotho-rl[api]'"
@@ -47,14 +52,21 @@ def api_command(
             help="seconds of silence after which an environment's share is released; 0 = never",
         ),
     ] = 120.0,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="read the token from this file; clients must send it (Authorization: Bearer, "
+            "or in the URL: http://clotho:TOKEN@host:port). Default: $CLOTHO_API_TOKEN, else "
+            "a token is made and written to a private file whose path is printed",
+        ),
+    ] = None,
+    token_env: Annotated[
+        str | None,
+        typer.Option(help="read the token from this environment variable"),
+    ] = None,
     token: Annotated[
         str | None,
-        typer.Option(
-            envvar="CLOTHO_API_TOKEN",
-            show_envvar=True,
-            help="clients must send it (Authorization: Bearer, or in the URL: "
-            "http://clotho:TOKEN@host:port); without one a token is made and printed",
-        ),
+        typer.Option(help="the token itself (not advised: every user sees it in ps)"),
     ] = None,
     no_auth: Annotated[
         bool,
@@ -85,7 +97,7 @@ def api_command(
 ) -> None:
     """Serve the Atropos trajectory API: trainers pull batches, environments push groups."""
     try:
-        from clotho.trainers.server import ApiServer
+        from clotho.trainers.server import TOKEN_ENV, ApiServer
         from clotho.trainers.state import ApiSettings
     except ImportError:
         console.print(f"[red]error:[/] {escape(INSTALL_HINT)}")
@@ -95,16 +107,25 @@ def api_command(
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False)],
     )
-    made = not token and not no_auth
-    if made:
-        token = secrets.token_urlsafe(24)
-    elif no_auth:
-        token = None
+    try:
+        if no_auth and (token is not None or token_file is not None or token_env is not None):
+            raise ConfigError("--no-auth serves without a token: give one or the other")
+        source = None
+        if not no_auth:
+            source = resolve_token(
+                token=token, token_file=token_file, token_env=token_env, default_env=TOKEN_ENV
+            )
+    except ClothoError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    made = source is None and not no_auth
+    secret = secrets.token_urlsafe(24) if made else source.token if source else None
+    kept_token = secret if made else None
     settings = ApiSettings(
         batch_size=batch_size,
         max_token_len=max_token_len,
         env_timeout_s=env_timeout,
-        token=token,
+        token=secret,
         cors_origins=cors_origin or [],
         max_request_bytes=int(max_request_mb * (1 << 20)),
         vocab_size=vocab_size,
@@ -112,22 +133,33 @@ def api_command(
     )
 
     async def serve() -> None:
-        async with ApiServer(settings, host=host, port=port, access_log=access_log) as server:
-            console.print(f"trajectory API listening on [bold]{server.url}[/] (Ctrl-C stops)")
-            if made:
-                console.print(
-                    f"no --token or CLOTHO_API_TOKEN given: made one: [bold]{token}[/]\n"
-                    f"  clotho serve / AtroposClient: CLOTHO_API_TOKEN={token}\n"
-                    f"  Atropos trainers and environments: "
-                    f"{server.url.replace('://', f'://clotho:{token}@')}",
-                    soft_wrap=True,
-                )
-            elif no_auth:
-                console.print(
-                    "[yellow]warning:[/] --no-auth: any process on this machine can wipe or "
-                    "poison the training data"
-                )
-            await server.wait()
+        with contextlib.ExitStack() as stack:
+            kept = None
+            if kept_token is not None:
+                kept = stack.enter_context(made_token_file(kept_token, "clotho-api-"))
+            async with ApiServer(settings, host=host, port=port, access_log=access_log) as server:
+                console.print(f"trajectory API listening on [bold]{server.url}[/] (Ctrl-C stops)")
+                if kept is not None:
+                    read = f"$(cat {kept})"
+                    console.print(
+                        f"no --token-file, --token-env or {TOKEN_ENV} given: made a token, in "
+                        f"[bold]{escape(str(kept))}[/] (only you can read it; removed when the "
+                        "server stops)\n"
+                        f"  clotho serve / AtroposClient: {TOKEN_ENV}={escape(read)}\n"
+                        f"  Atropos trainers and environments: "
+                        f"{escape(server.url.replace('://', f'://clotho:{read}@'))}",
+                        soft_wrap=True,
+                    )
+                elif source is not None:
+                    console.print(f"token: read from {escape(source.origin)}", soft_wrap=True)
+                    for warning in source.warnings:
+                        console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+                else:
+                    console.print(
+                        "[yellow]warning:[/] --no-auth: any process on this machine can wipe or "
+                        "poison the training data"
+                    )
+                await server.wait()
 
     try:
         asyncio.run(cancel_on_signals(serve()))

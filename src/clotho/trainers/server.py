@@ -131,7 +131,8 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 def how_to_authenticate(what: str) -> str:
     return (
         f"{what}: send 'Authorization: Bearer <token>' with the token `clotho api` was given "
-        f"(--token or {TOKEN_ENV}) or printed at start; an Atropos trainer or environment "
+        f"(--token-file, --token-env or {TOKEN_ENV}), or made at start in the file it names; "
+        "an Atropos trainer or environment "
         "can put it in the URL it is given: http://clotho:<token>@host:port"
     )
 
@@ -560,7 +561,7 @@ class ApiServer:
             sock.close()
             raise ConfigError(
                 f"refusing to serve {self.host} without a token: anyone who can reach it could "
-                f"wipe or poison the training data; give one (--token or {TOKEN_ENV}) or "
+                f"wipe or poison the training data; give one (--token-file, --token-env or {TOKEN_ENV}) or "
                 "listen on 127.0.0.1"
             )
         try:
