@@ -17,11 +17,19 @@ stop id is the last output id. Logprobs are whatever the client returns; the emb
 are raw (before temperature), like SGLang with `SGLANG_RETURN_ORIGINAL_LOGPROB=1`. Features this
 server cannot honour (streaming, top logprobs, prompt logprobs, penalties, grammars) are refused
 with HTTP 400 and SGLang's error shape `{"error": {"message": ...}}`, never silently ignored.
+
+Access: with a token, every route but `/health` needs `Authorization: Bearer <token>` (SGLang's
+`--api-key` does the same); without one, the server listens on a loopback address only and
+answers only requests that name a loopback host (a DNS-rebinding page names its own). Requests
+from web pages (an `Origin` header) are refused either way. A request body over
+`max_request_bytes` is refused with 413 while it streams in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import json
 import math
 import socket
@@ -33,12 +41,15 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from clotho.chat.tokens import TokenClient, TokenSampling
-from clotho.errors import ModelError
+from clotho.errors import ConfigError, ModelError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
@@ -62,10 +73,17 @@ _ABSENT = {"stop", "stop_regex", "json_schema", "regex", "ebnf", "structural_tag
 _ABSENT |= {"custom_params"}
 _SUPPORTED = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids"}
 _SUPPORTED |= {"ignore_eos", "sampling_seed"}
+DEFAULT_MAX_REQUEST_BYTES = 16 << 20  # a 128k-token prompt as JSON ids is ~1 MB
+_OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no token
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class BadRequest(ValueError):
     """The request asks for something this server cannot do, or is malformed."""
+
+
+class RequestTooLarge(ValueError):
+    """The request body passed `max_request_bytes` (HTTP 413)."""
 
 
 def build_app(
@@ -73,17 +91,24 @@ def build_app(
     *,
     stop_token_ids: Sequence[int] = (),
     model_path: str = "",
+    token: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> Starlette:
     """The ASGI app serving `client`: `POST /generate`, `GET /health`, `GET /get_model_info`.
 
     `stop_token_ids` are the model's own end-of-turn ids, added to each request's unless it
-    sets `ignore_eos` (as SGLang adds the model's eos ids).
+    sets `ignore_eos` (as SGLang adds the model's eos ids). With `token`, requests must carry
+    it as a Bearer token; without, only loopback host names are answered.
     """
     default_stops = [int(i) for i in stop_token_ids]
 
     async def generate(request: Request) -> Response:
         try:
-            batch, items = _split_batch(json.loads(await request.body()))
+            body = await _read_body(request, max_request_bytes)
+        except RequestTooLarge as exc:
+            return _error(str(exc), 413)
+        try:
+            batch, items = _split_batch(json.loads(body))
             samplings = [_sampling(params, default_stops) for _, params, _, _ in items]
             results = [
                 await _one(client, prompt, sampling, logprob, rid)
@@ -106,7 +131,107 @@ def build_app(
         Route("/health", health, methods=["GET"]),
         Route("/get_model_info", model_info, methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, middleware=[Middleware(TokenGuard, token=token)])
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it (or its announced length) passes `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(f"the request body has {declared} bytes, more than {limit}")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(f"the request body passed {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+class TokenGuard:
+    """Refuses web pages, requests without the token, and, with no token, requests that do
+    not name a loopback host. `/health` needs no token (probes), but is guarded otherwise."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token.encode() if token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = self._refusal(scope, Headers(scope=scope))
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope, headers: Headers) -> Response | None:
+        if headers.get("origin") is not None or headers.get("sec-fetch-site") in (
+            "cross-site",
+            "same-site",
+        ):
+            return _error("requests from web pages are refused: this serves model clients", 403)
+        if self.token is None:
+            if not is_loopback(_host_name(headers.get("host", ""))):
+                return _error("without a token only loopback host names are served", 403)
+            return None
+        if scope["path"] in _OPEN_PATHS:
+            return None
+        scheme, _, given = headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), self.token
+        ):
+            what = "wrong token" if scheme else "authentication required"
+            response = _error(
+                f"{what}: send 'Authorization: Bearer <token>' with the token `clotho "
+                "serve-model` was given (clotho clients: model.api_key_env names the "
+                "environment variable that holds it)",
+                401,
+            )
+            response.headers["WWW-Authenticate"] = 'Bearer realm="clotho serve-model"'
+            return response
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is loopback."""
+    host = host.strip("[]")
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(host_header: str) -> str:
+    if host_header.startswith("["):
+        return host_header[1 : host_header.find("]")]
+    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+
+
+def listen_socket(host: str, port: int, token: str | None) -> socket.socket:
+    """A TCP socket bound to `host:port`; without a token, only on a loopback address
+    (`ConfigError`, as is an address that cannot be bound)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )[0]
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
+    if token is None and not is_loopback(str(address[0])):
+        raise ConfigError(
+            f"refusing to serve the model on {host} without a token: anyone who can reach it "
+            "could use it; give one (--token-file or --token-env) or listen on 127.0.0.1"
+        )
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
+    return sock
 
 
 def _error(message: str, status: int) -> JSONResponse:
@@ -293,11 +418,26 @@ def serve(
     stop_token_ids: Sequence[int] = (),
     model_path: str = "",
     log_level: str = "info",
+    token: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Serve `client` in the foreground until interrupted (port 30000 is SGLang's default)."""
-    app = build_app(client, stop_token_ids=stop_token_ids, model_path=model_path)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off")
+    """Serve `client` in the foreground until interrupted (port 30000 is SGLang's default).
+
+    On `sock` if given (from `listen_socket`), else on `host:port`; without `token`, a host
+    that is not loopback is refused (`ConfigError`)."""
+    if sock is None:
+        sock = listen_socket(host, port, token)
+    app = build_app(
+        client,
+        stop_token_ids=stop_token_ids,
+        model_path=model_path,
+        token=token,
+        max_request_bytes=max_request_bytes,
+    )
+    config = uvicorn.Config(app, log_level=log_level, lifespan="off")
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         asyncio.run(client.aclose())
