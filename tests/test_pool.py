@@ -196,7 +196,7 @@ async def test_idle_sandbox_of_another_config_is_evicted_at_max_size(
             await pool.acquire(config_b, timeout=0.2)
         await pool.release(a, reset=False)
         assert pool.stats()["idle"] == 1
-        b = await asyncio.wait_for(pool.acquire(config_b), 10)
+        b = await asyncio.wait_for(pool.acquire(config_b), PATIENCE_S)
         assert (await b.exec('echo "$WHICH"')).stdout == "b\n"
         assert await wait_until(lambda: not state_dir(a).exists())
         # close() removes the state folder before it returns and the count goes up.
