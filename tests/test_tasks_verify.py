@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 from tests.conftest import requires_bwrap
+from tests.docker_probe import fail_without_docker_in_ci, requires_docker
 
 from clotho.agent.base import AgentContext
+from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.agent.result import AgentResult
 from clotho.errors import VerifierError
-from clotho.sandbox import LocalSandboxConfig, open_sandbox
+from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig, open_sandbox
+from clotho.sandbox.config import DEFAULT_PATH
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import HarborTrial, run_trial
@@ -114,8 +119,6 @@ async def test_environment_files_become_the_workspace(make_task) -> None:
             ),
         )
     )
-    from clotho.agent.reference import NopAgent
-
     async with SlotPool() as pool:
         outcome = await run_trial(HarborTrial(task), NopAgent(), LocalSandboxConfig(), pool)
     assert outcome.error is None
@@ -145,3 +148,110 @@ async def test_a_reward_outside_the_tasks_range_is_a_verifier_error(make_task, e
         else:
             with pytest.raises(VerifierError, match="outside the task's reward range"):
                 await run_verifier(task, sandbox)
+
+
+# -- a find without -newerct (busybox) --------------------------------------------------------
+# The check for changed Python start-up hooks asks `find -newerct`; busybox's find does not
+# know it. The promise (docs/security.md): such images skip that check, and verification
+# works as everywhere else. Both backends are tried with busybox's find as `find`: in a Docker
+# image built offline from the base image, and locally first on the sandbox's PATH.
+BUSYBOX = shutil.which("busybox")
+requires_busybox = pytest.mark.skipif(
+    BUSYBOX is None, reason="busybox is not installed (make test installs busybox-static)"
+)
+BUSYBOX_DOCKERFILE = """\
+FROM clotho/base:bookworm
+COPY busybox /usr/local/lib/clotho-busybox
+RUN ln -sf /usr/local/lib/clotho-busybox /usr/bin/find && find --help 2>&1 | grep -q BusyBox
+WORKDIR /app
+"""
+# The agent does the task, then adds a .pth with an import line to a watched site folder
+# (the interpreter's own when it can write there, else one a local sandbox can make).
+PLANT_HOOK = """\
+echo ok > /app/done.txt
+for d in "$(python3 -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \\
+         /usr/local/lib/python3.13/site-packages; do
+  if mkdir -p "$d" 2>/dev/null && echo 'import os' > "$d/zz-hook.pth" 2>/dev/null; then
+    echo "planted $d/zz-hook.pth"; break
+  fi
+done
+"""
+
+
+class _Script:
+    """A named test double for a model: runs fixed commands, keeps their output."""
+
+    name = "script"
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self.output = ""
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        result = await ctx.sandbox.exec(self.command)
+        self.output = result.stdout + result.stderr
+        return AgentResult(messages=[{"role": "user", "content": ctx.instruction}])
+
+
+@pytest.fixture
+def busybox_find(make_task, request: pytest.FixtureRequest) -> tuple[Path, SandboxConfig]:
+    """(the task folder, a sandbox config) whose `find` is busybox's, for the backend asked."""
+    assert BUSYBOX is not None
+    if request.param == "docker":
+        fail_without_docker_in_ci()
+        task = make_task("busybox-find", env_files={"Dockerfile": BUSYBOX_DOCKERFILE})
+        shutil.copy(BUSYBOX, task / "environment" / "busybox")
+        return task, DockerSandboxConfig()
+    # The workspace brings busybox as bin/find (busybox runs the applet its name says), and
+    # the sandbox's PATH has that folder first, so every `find` of the harness is busybox's.
+    task = make_task("busybox-find")
+    (task / "environment" / "bin").mkdir()
+    shutil.copy(BUSYBOX, task / "environment" / "bin" / "find")
+    return task, LocalSandboxConfig(env={"PATH": f"/app/bin:{DEFAULT_PATH}"})
+
+
+BUSYBOX_BACKENDS = [
+    pytest.param("local", marks=[requires_bwrap, requires_busybox]),
+    pytest.param("docker", marks=[requires_docker, requires_busybox]),
+]
+
+
+@pytest.mark.parametrize("busybox_find", BUSYBOX_BACKENDS, indirect=True)
+async def test_verification_works_with_a_busybox_find(busybox_find) -> None:
+    """Its find is the one the tests see, and the harness's own uses of find (the fresh
+    reward and tests folders, the hook check) work with it: oracle 1, nop 0, no error."""
+    task_dir, config = busybox_find
+    task = load_task(task_dir)
+    probe = _Script("find --help 2>&1 | head -1")
+    async with SlotPool() as pool:
+        oracle = await run_trial(HarborTrial(task), OracleAgent(), config, pool)
+        nop = await run_trial(HarborTrial(task), NopAgent(), config, pool)
+        await run_trial(HarborTrial(task), probe, config, pool)
+    assert "BusyBox" in probe.output
+    assert oracle.error is None and oracle.reward == 1.0, oracle.error
+    assert nop.error is None and nop.reward == 0.0, nop.error
+
+
+@pytest.mark.parametrize("busybox_find", BUSYBOX_BACKENDS, indirect=True)
+async def test_a_busybox_find_skips_the_start_up_hook_check(make_task, busybox_find) -> None:
+    """The same planted `import` .pth is tampering where find knows -newerct (the same task
+    on the backend's usual image and PATH), and passes unseen where it does not: the check is
+    skipped there, as docs/security.md says."""
+    busybox_dir, busybox_config = busybox_find
+    gnu_config: SandboxConfig = LocalSandboxConfig()
+    if isinstance(busybox_config, DockerSandboxConfig):
+        gnu_config = DockerSandboxConfig()
+    runs = {
+        "gnu": (load_task(make_task("gnu-find")), gnu_config),
+        "busybox": (load_task(busybox_dir), busybox_config),
+    }
+    outcomes = {}
+    async with SlotPool() as pool:
+        for name, (task, config) in runs.items():
+            agent = _Script(PLANT_HOOK)
+            outcomes[name] = await run_trial(HarborTrial(task), agent, config, pool)
+            assert "planted" in agent.output and "zz-hook.pth" in agent.output, agent.output
+    gnu, busybox = outcomes["gnu"], outcomes["busybox"]
+    assert gnu.error is not None and gnu.error.kind == "tamper", gnu.error
+    assert "zz-hook.pth" in gnu.error.message and gnu.reward is None
+    assert busybox.error is None and busybox.reward == 1.0, busybox.error

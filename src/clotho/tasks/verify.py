@@ -62,12 +62,13 @@ _NOT_COMMANDS = {
 }  # fmt: skip
 
 # Make /logs/verifier and /tests afresh: a link (or a non-folder) is removed, never
-# followed; a folder (maybe a mount point) is emptied. Then unpack the tests from stdin.
+# followed; a folder (maybe a mount point) is emptied (by rm -rf, which follows no link: not
+# `find -delete`, which busybox's find lacks). Then unpack the tests from stdin.
 _PREPARE = f"""set -eu
 fresh() {{
   if [ -L "$1" ] || {{ [ -e "$1" ] && [ ! -d "$1" ]; }}; then rm -f -- "$1"; fi
   mkdir -p -- "$1"
-  find "$1" -mindepth 1 -delete
+  find "$1" -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} +
 }}
 fresh /logs
 fresh {LOGS_DIR}
