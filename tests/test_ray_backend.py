@@ -10,6 +10,7 @@ import ipaddress
 import json
 import os
 import pickle
+import signal
 import socket
 import struct
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import requires_bwrap
 from tests.docker_probe import requires_docker
+from tests.support import running, wait_until
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
 
@@ -29,7 +31,7 @@ from clotho.runs.records import EvalConfig, TrialRecord  # noqa: E402
 from clotho.sandbox import PoolConfig, SlotPool  # noqa: E402
 from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig  # noqa: E402
 from clotho.sandbox.netguard import address_rule  # noqa: E402
-from clotho.sandbox.ray import RayBackend, RaySandbox  # noqa: E402
+from clotho.sandbox.ray import HostLost, RayBackend, RaySandbox  # noqa: E402
 from clotho.sandbox.ray.channel import MAGIC  # noqa: E402
 from clotho.sandbox.ray.local_cluster import LocalRayCluster  # noqa: E402
 from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
@@ -236,6 +238,43 @@ async def test_a_networked_sandbox_on_the_cluster_reaches_no_node(
             assert r.exit_code != 0, f"the sandbox reached {address}:{target}"
         assert (await box.exec("echo up")).stdout == "up\n"
         await pool.release(box)
+
+
+async def test_a_killed_host_actor_is_replaced_and_what_it_left_is_reaped(
+    cluster: LocalRayCluster, tmp_path: Path
+) -> None:
+    """A host actor killed while its node lives (out of memory, a stray kill): its sandbox
+    fails as lost, the next sandbox on that node opens through a new actor, and the new
+    actor removes what the old one left (its processes, its folder)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    config = RaySandboxConfig(
+        address=cluster.address,
+        node_resource="clotho_node1",  # one node: nowhere else to go
+        inner=LocalSandboxConfig(state_dir=str(state)),
+    )
+    marker = [f"clotho-left-{os.getpid()}-{id(state)}", "1000"]
+    async with SlotPool(PoolConfig(max_size=4), labels={"clotho.run": "ray-kill"}) as pool:
+        box = await pool.acquire(config)
+        assert isinstance(box, RaySandbox)
+        await box.exec(f"(exec -a {marker[0]} sleep 1000 &)")
+        assert await wait_until(lambda: running(marker))
+        old_folders = set(state.iterdir())
+        pid = (await box.host.actor.ping.remote())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(HostLost):
+            await box.exec("true")
+        assert box.host_lost
+        await pool.release(box)
+
+        again = await asyncio.wait_for(pool.acquire(config), 120)
+        assert isinstance(again, RaySandbox) and again.node_id == box.node_id
+        assert again.host is not box.host and not again.host.dead
+        assert (await again.host.actor.ping.remote())["pid"] != pid
+        assert (await again.exec("echo back")).stdout == "back\n"
+        assert await wait_until(lambda: not running(marker)), "the old sandbox still runs"
+        assert await wait_until(lambda: not (old_folders & set(state.iterdir())))
+        await pool.release(again)
 
 
 def _slow_task(root: Path, name: str) -> None:

@@ -50,8 +50,8 @@ PUT_ABOVE = 512 << 10
 # How long after a node is lost `healthy()` (asked without a sandbox) stays False.
 LOSS_WINDOW_S = 300.0
 NODE_REFRESH_S = 5.0
-# A lost host actor on a live node is replaced, at most this often (one that fails to start
-# is not restarted in a loop).
+# A lost host actor on a live node is replaced at once if it had started, and one that never
+# started not more often than this (not in a loop).
 RESTART_AFTER_S = 10.0
 
 
@@ -130,6 +130,7 @@ class _Host:
     ready: asyncio.Future[None] | None = field(default=None, repr=False)
     channel: ChannelClient | None = field(default=None, repr=False)
     started_at: float = field(default_factory=time.monotonic)
+    answered: bool = False  # it started (a host that never did is retried less often)
     replaces: _Host | None = field(default=None, repr=False)  # the lost host it took over from
     address: str = ""  # the node's, as Ray reports it
     listen: tuple[str, int] | None = None  # where its command channel listens
@@ -194,7 +195,9 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
                 if old is None:
                     self._hosts[node_id] = self._start_host(node_id)
                     self._hosts[node_id].address = node.get("NodeManagerAddress") or ""
-                elif old.dead and time.monotonic() - old.started_at > RESTART_AFTER_S:
+                elif old.dead and (
+                    old.answered or time.monotonic() - old.started_at > RESTART_AFTER_S
+                ):
                     # The node lives on without its host actor (killed, or it never
                     # started): a new one takes its place and reaps what the old one left.
                     log.warning(
@@ -273,6 +276,7 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
                 host.actor.ping.remote(), max(self.config.call_timeout_s, 60.0)
             )
             host.hostname = info["hostname"]
+            host.answered = True
             if host.replaces is not None:
                 host.replaces = None
                 task = asyncio.ensure_future(self._reap(host))
