@@ -20,10 +20,10 @@ pytestmark = requires_bwrap
 
 # What a policy about to fail does instead of answering, and the kind it must be charged with.
 FAILING_MOVES = {
-    "kills its whole sandbox": ("kill -9 -1", "agent"),
+    "kills every process it can": ("kill -9 -1", {"agent"}),
     "exhausts its memory": (
         "python3 -c 'b = bytearray(1 << 30); b[::4096] = b\"x\" * len(b[::4096])'",
-        "limit",
+        {"limit"},
     ),
 }
 
@@ -53,7 +53,7 @@ def sometimes_fails(move: str) -> Any:
 async def test_a_failure_the_agent_caused_stays_in_its_group(
     move: str, failure_score: float
 ) -> None:
-    command, kind = FAILING_MOVES[move]
+    command, kinds = FAILING_MOVES[move]
     with ScriptedOpenAIServer(default=sometimes_fails(command)) as server:
         env = env_for(
             server,
@@ -68,18 +68,24 @@ async def test_a_failure_the_agent_caused_stays_in_its_group(
             group, rollouts = await env.collect_group(await env.get_next_item())
         finally:
             await env.close()
-    failed = [r for r in rollouts if r.error is not None]
-    assert [r.error.kind for r in failed] == [kind, kind], [r.error for r in failed]  # type: ignore[union-attr]
-    assert all(r.error.scored for r in failed)  # type: ignore[union-attr]  # eval: a failure
     assert group is not None, env.stats
-    assert sorted(group.scores) == sorted([failure_score, failure_score, 1.0, 1.0])
+    assert len(rollouts) == 4 and all(r.trainable for r in rollouts)
+    # The policy's failing rollouts: charged with the kind, or (when the shell it killed was
+    # restarted before the verifier ran) verified as the failures they are.
+    failing = [r for r in rollouts if r.agent is not None and command in calls_of(r.agent.messages)]
+    assert len(failing) == 2
+    for r in failing:
+        charged = r.error is not None and r.error.kind in kinds
+        verified = (r.error, r.reward) == (None, 0.0) and "agent" in kinds
+        assert charged or verified, r.error
+        assert r.error is None or r.error.scored  # eval: a failure that counts
+    expected = [1.0, 1.0] + [failure_score if r.error else 0.0 for r in failing]
+    assert sorted(group.scores) == sorted(expected)
     # The failures are in the group with what the agent did: its call is in the transcript.
     assert group.messages is not None and len(group.messages) == 4
-    calls = [json_calls(m) for m in group.messages]
-    assert sum(command in c for c in calls) == 2
-    for r in failed:  # cut short in the agent phase, or broken for the verifier: both kept
-        assert r.agent is not None and command in json_calls(r.agent.messages)
-    assert env.stats.errors == {kind: 2} and env.stats.failures_scored == 2
+    assert sum(command in calls_of(m) for m in group.messages) == 2
+    errors = sum(r.error is not None for r in failing)
+    assert sum(env.stats.errors.values()) == env.stats.failures_scored == errors
     assert env.stats.dropped_too_few_valid == 0
 
 
@@ -89,7 +95,7 @@ def _both() -> Any:
     return ToolsetDistribution(name="both", probabilities={"terminal": 1.0, "file": 1.0})
 
 
-def json_calls(messages: list[dict[str, Any]]) -> list[str]:
+def calls_of(messages: list[dict[str, Any]]) -> list[str]:
     """The commands of the terminal calls in `messages`."""
     return [
         json.loads(call["function"]["arguments"]).get("command", "")

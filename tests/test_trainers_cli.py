@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+from tests.support import http_up
 from tests.test_trainers_support import free_port, make_group
 
 from clotho.trainers.client import ApiClientConfig, AtroposClient
@@ -29,13 +29,7 @@ async def clotho_api(
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient(base_url=url) as http, asyncio.timeout(15):
-            while True:
-                try:
-                    await http.get("/")
-                    break
-                except httpx.TransportError:
-                    await asyncio.sleep(0.05)
+        await http_up(f"{url}/")
         yield process, url
     finally:
         if process.returncode is None:
@@ -73,23 +67,6 @@ async def test_clotho_api_serves_and_stops_on_ctrl_c() -> None:
     assert process.returncode == 0, text
     assert f"listening on {url}" in text and "stopped" in text
     assert "given-tok-42" not in text  # a token given is not printed
-
-
-async def test_without_a_token_clotho_api_makes_one_and_prints_it() -> None:
-    async with clotho_api() as (process, url):
-        async with httpx.AsyncClient(base_url=url) as http:
-            assert (await http.get("/info")).status_code == 401
-        text = await stop(process)
-    made = re.search(r"made one: (\S+)", text)
-    assert made, text
-    token = made.group(1)
-    assert f"CLOTHO_API_TOKEN={token}" in text
-    assert url.replace("://", f"://clotho:{token}@") in text  # for Atropos clients
-
-    async with clotho_api(env={"CLOTHO_API_TOKEN": token}) as (process, url):
-        async with httpx.AsyncClient(base_url=url.replace("://", f"://clotho:{token}@")) as http:
-            assert (await http.get("/info")).status_code == 200
-        await stop(process)
 
 
 async def test_no_auth_is_loopback_only_and_warns() -> None:
