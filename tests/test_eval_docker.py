@@ -13,12 +13,12 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F401
+from tests.support import wait_until_sync
 
 from clotho.sandbox.docker.images import context_hash
 
@@ -90,10 +90,7 @@ def image_exists(tag: str) -> bool:
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    assert wait_until_sync(predicate, timeout), f"timed out waiting for {what}"
 
 
 def ls_rows(ids: list[str], state_dir: Path) -> dict[str, list[str]]:

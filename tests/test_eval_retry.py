@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import get_args
 
 import pytest
 from tests.conftest import TaskFactory, requires_bwrap
+from tests.support import wait_for_value
 
 from clotho.errors import ErrorInfo, ErrorKind
 from clotho.runs.eval import run_eval
@@ -120,15 +120,13 @@ async def test_past_the_budget_infra_failures_are_recorded_for_resume(
 def _kill_sandbox_of(state: Path, marker: str) -> str:
     """From the host: wait for a sandbox whose /app holds `marker`, SIGKILL every process in
     its cgroup (its shell, bubblewrap, the solution) and say which folder it was."""
-    give_up = time.monotonic() + 120  # a guard against a hung test, not a timing assertion
-    while time.monotonic() < give_up:
-        for folder in state.iterdir():
-            if (folder / "app" / marker).exists():
-                groups = cgroups.SandboxCgroups(folder.name)
-                assert groups.kill(cgroups.AGENT) > 0
-                return folder.name
-        time.sleep(0.05)
-    raise AssertionError("no sandbox started the solution")
+
+    def started() -> str | None:
+        return next((f.name for f in state.iterdir() if (f / "app" / marker).exists()), None)
+
+    name = wait_for_value(started, timeout=120)
+    assert cgroups.SandboxCgroups(name).kill(cgroups.AGENT) > 0
+    return name
 
 
 class _HealthProbe:

@@ -31,9 +31,9 @@ class WritesFile:
 
     name = "writer"
 
-    def __init__(self, raises: BaseException | None = None, sleep_s: float = 0.0) -> None:
+    def __init__(self, raises: BaseException | None = None, hangs: bool = False) -> None:
         self.raises = raises
-        self.sleep_s = sleep_s
+        self.hangs = hangs
         self.instructions: list[str] = []
         self.started = asyncio.Event()
 
@@ -41,8 +41,8 @@ class WritesFile:
         self.instructions.append(ctx.instruction)
         await ctx.sandbox.exec("echo done > /app/marker")
         self.started.set()
-        if self.sleep_s:
-            await asyncio.sleep(self.sleep_s)
+        if self.hangs:  # until the rollout's limit or a cancel ends it
+            await asyncio.Event().wait()
         if self.raises is not None:
             raise self.raises
         return AgentResult(messages=[{"role": "user", "content": ctx.instruction}])
@@ -140,15 +140,15 @@ async def test_a_broken_sandbox_is_judged_by_its_own_host(
 
 async def test_the_wall_clock_limit_is_the_agents_failure_and_counts() -> None:
     async with SlotPool() as pool:
-        outcome = await run_rollout(_spec(WritesFile(sleep_s=30), timeout_s=0.5), pool)
+        outcome = await run_rollout(_spec(WritesFile(hangs=True), timeout_s=5), pool)
     assert outcome.error is not None and outcome.error.kind == "agent"
-    assert "wall-clock limit of 0.5 s reached during agent" in outcome.error.message
+    assert "wall-clock limit of 5 s reached during agent" in outcome.error.message
     assert outcome.error.scored  # a failure that counts in the pass rate
 
 
 async def test_cancelling_a_rollout_releases_its_sandbox() -> None:
     async with SlotPool() as pool:
-        agent = WritesFile(sleep_s=30)
+        agent = WritesFile(hangs=True)
         task = asyncio.ensure_future(run_rollout(_spec(agent), pool))
         await asyncio.wait_for(agent.started.wait(), 30)
         assert pool.stats()["in_use"] == 1

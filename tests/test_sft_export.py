@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 from tests.conftest import requires_bwrap
 from tests.real_tokenizers import QWEN_DIR
 from tests.scripted_openai import ScriptedOpenAIServer, assistant, tool_call
+from tests.support import wait_until_sync
 from tests.test_eval_cli import clotho, results
 
 from clotho.chat.ledger import TokenSequence
@@ -636,7 +637,6 @@ def test_interrupted_process_leaves_a_whole_sft_file(tmp_path: Path) -> None:
     """Ctrl-C in the middle of `clotho process`: the SFT file holds whole lines of what
     finished, and no temporary file is left beside it."""
     import signal
-    import time
 
     from tests.scripted_openai import Reply
     from tests.test_env import solver
@@ -657,11 +657,7 @@ def test_interrupted_process_leaves_a_whole_sft_file(tmp_path: Path) -> None:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                if out.exists() and len(out.read_text().splitlines()) >= 2:
-                    break
-                time.sleep(0.1)
+            wait_until_sync(lambda: out.exists() and len(out.read_text().splitlines()) >= 2, 90)
             proc.send_signal(signal.SIGINT)
             _, stderr = proc.communicate(timeout=60)
         finally:

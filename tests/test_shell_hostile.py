@@ -8,13 +8,13 @@ host's memory must stay bounded whatever floods the shell's pipes.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from tests.docker_probe import requires_docker
+from tests.support import wait_until
 
 from clotho.errors import SandboxError
 from clotho.sandbox import shell as shell_module
@@ -73,6 +73,11 @@ async def make_shell(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
     yield make
     for shell in shells:
         await shell.close()
+
+
+async def quiet_once(shell: PersistentShell) -> bool:
+    r = await shell.run("true", timeout=30)
+    return (r.stdout, r.stderr, r.exit_code) == ("", "", 0)
 
 
 @pytest.fixture
@@ -209,16 +214,21 @@ async def test_a_forged_end_of_the_running_command_breaks_the_shell(make_shell, 
     await forged_end_of_this_command(shell, mode)
 
 
-async def test_a_forged_end_printed_between_commands_breaks_the_shell(make_shell) -> None:
+async def test_a_forged_end_printed_between_commands_breaks_the_shell(
+    make_shell, tmp_path: Path
+) -> None:
     """A background process repeats the end marker of the command that started it after that
     command ended: the next call raises, whatever the next command is."""
     shell = await make_shell("session")
+    go, forged = tmp_path / "go", tmp_path / "forged"
     r = await shell.run(
         "m=$(trap -p EXIT | sed -n 's/.*printf \"\\(E[^%]*\\)%s X.*/\\1/p'); "
-        '(sleep 0.2; printf "$m%s\\n" 0) >&98 & echo started'
+        f'(until [ -e {go} ]; do sleep 0.01; done; printf "$m%s\\n" 0 >&98; : > {forged}) '
+        "& echo started"
     )
     assert r.stdout == "started\n"
-    await asyncio.sleep(0.6)
+    go.touch()  # the command has ended: now the background process forges its end
+    assert await wait_until(forged.exists)
     with pytest.raises(SandboxError, match="protocol broke"):
         await shell.run("echo next", timeout=10)
     with pytest.raises(SandboxError):
@@ -243,12 +253,19 @@ async def test_an_end_marker_with_a_bad_status_breaks_the_shell(make_shell, issu
 # --- restarts the agent causes -----------------------------------------------------------------
 
 
-async def test_session_shell_killed_between_commands_restarts_cleanly(make_shell) -> None:
+async def test_session_shell_killed_between_commands_restarts_cleanly(
+    make_shell, tmp_path: Path
+) -> None:
     shell = await make_shell("session")
     await shell.run("kept=1")
-    r = await shell.run("(sleep 0.2; kill -9 $$) >/dev/null 2>&1 & echo bye")
+    go, killed = tmp_path / "go", tmp_path / "killed"
+    r = await shell.run(
+        f"(until [ -e {go} ]; do sleep 0.01; done; kill -9 $$; : > {killed}) >/dev/null 2>&1 "
+        "& echo bye"
+    )
     assert r.stdout == "bye\n"
-    await asyncio.sleep(0.6)
+    go.touch()  # the command has ended: now the shell is killed (SIGKILL sent cannot be undone)
+    assert await wait_until(killed.exists)
     r = await shell.run("echo after; echo ${kept:-gone}")
     assert r.stdout == "after\ngone\n" and r.exit_code == 0
     assert "the shell was restarted" in r.stderr
@@ -273,23 +290,24 @@ async def test_a_background_flood_between_commands_keeps_memory_bounded(
     commands now and then: it reads and drops what comes between commands, keeps at most
     max_output_bytes of what comes during one, and the writer gets to its end."""
     shell = await make_shell(mode, max_output_bytes=1 << 20)
-    done = tmp_path / "flood.done"
+    go, done = tmp_path / "go", tmp_path / "flood.done"
     before = vm_kb("VmHWM")
     r = await shell.run(
         # It starts after this command has ended (else its first bytes are this command's).
-        f"(sleep 0.5; yes | head -c 2G; yes | head -c 512M >&2; touch {done}) & echo started",
+        f"(until [ -e {go} ]; do sleep 0.01; done; "
+        f"yes | head -c 2G; yes | head -c 512M >&2; touch {done}) & echo started",
         timeout=10,
     )
     assert r.stdout == "started\n"
+    go.touch()
     deadline = time.monotonic() + 240
-    commands = 0
     while not done.exists():
         assert time.monotonic() < deadline, "the flood did not get through"
-        await asyncio.sleep(0.05)  # between commands
-        r = await shell.run("sleep 0.1", timeout=30)
+        r = await shell.run("sleep 0.1", timeout=30)  # commands now and then, during the flood
         assert r.exit_code == 0 and len(r.stdout) <= (1 << 20) + 100
-        commands += 1
-    await asyncio.sleep(0.2)
+    # The writer has ended; what it wrote last may still be on its way through the pipes:
+    # commands absorb it until one comes back clean, then every command is exact again.
+    assert await wait_until(lambda: quiet_once(shell))
     r = await shell.run("echo quiet; echo e >&2", timeout=30)
     assert (r.stdout, r.stderr) == ("quiet\n", "e\n")
     grown_mb = (vm_kb("VmHWM") - before) / 1024
@@ -337,10 +355,9 @@ async def test_the_pool_discards_a_sandbox_whose_shell_protocol_broke(tmp_path: 
         assert again is not sandbox
         assert (await again.exec("echo fine")).stdout == "fine\n"
         await pool.release(again)
-        deadline = time.monotonic() + 10  # the pool destroys it in the background
-        while pool.stats()["destroyed"] < 1:
-            assert time.monotonic() < deadline, "the broken sandbox was not destroyed"
-            await asyncio.sleep(0.05)
+        # The pool destroys it in the background.
+        destroyed = await wait_until(lambda: pool.stats()["destroyed"] >= 1)
+        assert destroyed, "the broken sandbox was not destroyed"
 
 
 # --- the same through a container's channels ----------------------------------------------------
@@ -365,10 +382,12 @@ async def test_docker_shell_survives_dumps_forgeries_and_floods(stdio: str) -> N
         before = vm_kb("VmHWM")
         r = await sb.exec("rm -f /tmp/done; (yes | head -c 512M; touch /tmp/done) & echo ok")
         assert r.stdout == "ok\n"
-        deadline = time.monotonic() + 120
-        while (await sb.exec("sleep 0.1; test -e /tmp/done && echo DONE")).stdout[-5:] != "DONE\n":
-            assert time.monotonic() < deadline, "the flood did not get through"
-            await asyncio.sleep(0.05)
+
+        async def flood_done() -> bool:
+            r = await sb.exec("sleep 0.1; test -e /tmp/done && echo DONE")
+            return r.stdout[-5:] == "DONE\n"
+
+        assert await wait_until(flood_done, timeout=240), "the flood did not get through"
         grown_mb = (vm_kb("VmHWM") - before) / 1024
         assert grown_mb < 100, f"the host grew by {grown_mb:.0f} MB reading a flood"
         assert (await sb.exec("echo quiet")).stdout == "quiet\n"

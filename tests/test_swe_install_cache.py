@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import secrets
 from pathlib import Path
 
 import pytest
 from tests.conftest import requires_bwrap
 from tests.docker_probe import DOCKER_PROBLEM, requires_docker
+from tests.support import running, wait_until
 from tests.test_swe import Script
 
 from clotho.agent.reference import OracleAgent
@@ -158,14 +160,14 @@ async def test_a_sandbox_that_dies_during_install_is_infra_and_not_remembered(
     """The sandbox goes away while the install runs (as a lost host or daemon would): a
     SandboxError (infra, retried), and the next rollout installs again instead of failing
     from memory."""
-    trial = make_trial(options, install_cmd="sleep 30")
+    # A duration no other process uses: its `sleep` is found in the process table by it.
+    marker = f"600.{secrets.randbelow(10**9):09d}"
+    trial = make_trial(options, install_cmd=f"sleep {marker}")
     async with SlotPool() as pool:
         box = await pool.acquire(LocalSandboxConfig(workdir="/testbed"))
         try:
             preparing = asyncio.create_task(trial.prepare(box))
-            while trial.installs.installs == 0:  # noqa: ASYNC110 - a counter, no event
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)
+            assert await wait_until(lambda: running(["sleep", marker]))  # the install runs
             await box.close()
             with pytest.raises(SandboxError):
                 await preparing

@@ -20,8 +20,8 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import pytest
+from tests.support import http_up
 from tests.test_trainers_support import ScriptedTrainer, check_batch, free_port, make_group
 
 from clotho.trainers.client import ApiClientConfig, AtroposClient
@@ -54,13 +54,7 @@ async def upstream() -> AsyncIterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient() as http, asyncio.timeout(30):
-            while True:
-                try:
-                    if (await http.get(f"{url}/info")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    await asyncio.sleep(0.05)
+        await http_up(f"{url}/info")
         yield url
     finally:
         process.terminate()
@@ -77,8 +71,9 @@ async def test_client_against_upstream_run_api(upstream: str) -> None:
                 RegisterEnv(max_token_length=2048, desired_name="compat", weight=1, group_size=4)
             )
         )
-        await asyncio.sleep(0.2)
-        assert not registering.done()  # upstream: "wait for trainer to start"
+        # Upstream holds registration back until a trainer has started: it cannot complete.
+        done, _ = await asyncio.wait({registering}, timeout=0.2)
+        assert not done  # upstream: "wait for trainer to start"
         await trainer.register(8)
         assert await trainer.batch() is None
         reply = await asyncio.wait_for(registering, 5)

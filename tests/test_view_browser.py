@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import struct
 import subprocess
 import sys
-import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 import pytest
 from tests.real_tokenizers import QWEN_DIR
+from tests.support import port_open, wait_for_value, wait_until_sync
 
 from clotho.view.browser import chromium, find_chromium
 from clotho.view.sample import append_trials, write_groups, write_run
@@ -114,14 +113,7 @@ def server(runs: Path) -> Iterator[str]:
         assert match, f"no address printed: {line!r}"
         # The address is printed just before uvicorn binds: wait until it listens.
         port = int(match.group(1))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "clotho view never listened"
-                time.sleep(0.05)
+        assert wait_until_sync(lambda: port_open(port)), "clotho view never listened"
         yield match.group(0)
     finally:
         proc.terminate()
@@ -135,18 +127,7 @@ def browser() -> Iterator[Any]:
 
 
 def wait(condition: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = condition()
-            if value:
-                return value
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the page")
-        time.sleep(0.05)
+    return wait_for_value(condition, timeout)
 
 
 def css(driver: Any, selector: str) -> list[Any]:

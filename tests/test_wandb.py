@@ -12,11 +12,11 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support import wait_until_sync
 
 pytest.importorskip("wandb")
 
@@ -42,12 +42,8 @@ def read_offline_run(folder: Path) -> dict[str, Any]:
 
     W&B's service process writes the log behind the client: `finish()` can return before
     the history is on disk, so this waits for the run's exit record."""
-    deadline = time.monotonic() + 60
-    while True:
-        run = _read_offline_run(folder)
-        if run["exited"] or time.monotonic() > deadline:
-            return run
-        time.sleep(0.2)
+    wait_until_sync(lambda: _read_offline_run(folder)["exited"], 60)
+    return _read_offline_run(folder)
 
 
 def _read_offline_run(folder: Path) -> dict[str, Any]:
