@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import gzip
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
+from tests.support import PATIENCE_S, wait_until
 from tests.test_trainers_support import (
     ScriptedTrainer,
     check_batch,
@@ -22,7 +23,21 @@ from clotho.errors import TrainerError
 from clotho.trainers.client import ApiClientConfig, AtroposClient
 from clotho.trainers.protocol import RegisterEnv
 from clotho.trainers.server import ApiServer
-from clotho.trainers.state import ApiSettings
+from clotho.trainers.state import ApiSettings, ApiState
+
+
+class Clock:
+    """The server's clock, moved by the test: what the server does after N seconds is tested
+    by telling it N seconds have passed, not by waiting (a busy machine stretches a wait)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 class Rig:
@@ -31,8 +46,13 @@ class Rig:
     def __init__(self, stack: contextlib.AsyncExitStack) -> None:
         self.stack = stack
 
-    async def server(self, port: int = 0, **settings: Any) -> ApiServer:
-        return await self.stack.enter_async_context(ApiServer(ApiSettings(**settings), port=port))
+    async def server(
+        self, port: int = 0, clock: Callable[[], float] | None = None, **settings: Any
+    ) -> ApiServer:
+        server = ApiServer(ApiSettings(**settings), port=port)
+        if clock is not None:
+            server.state = ApiState(server.state.settings, clock=clock)
+        return await self.stack.enter_async_context(server)
 
     async def trainer(
         self, server: ApiServer, batch_size: int, token: str | None = None, **kw: Any
@@ -46,6 +66,7 @@ class Rig:
     def client(
         self, url: str, http: httpx.AsyncClient | None = None, **config: Any
     ) -> AtroposClient:
+        """A client with quick retries; with `http`, requests go through that httpx client."""
         defaults: dict[str, Any] = {
             "register_poll_s": 0.05,
             "backoff_initial_s": 0.01,
@@ -69,6 +90,22 @@ def env(name: str = "env", group_size: int = 4, **kw: Any) -> RegisterEnv:
     return RegisterEnv(
         max_token_length=2048, desired_name=name, weight=1.0, group_size=group_size, **kw
     )
+
+
+def recording(path: str) -> tuple[httpx.AsyncClient, list[int | None]]:
+    """An httpx client that notes each attempt at `path`: the status answered, or None for
+    an attempt still in flight or that never got an answer (connection refused)."""
+    attempts: list[int | None] = []
+
+    async def sent(request: httpx.Request) -> None:
+        if request.url.path == path:
+            attempts.append(None)
+
+    async def answered(response: httpx.Response) -> None:
+        if response.request.url.path == path:
+            attempts[-1] = response.status_code
+
+    return httpx.AsyncClient(event_hooks={"request": [sent], "response": [answered]}), attempts
 
 
 async def test_env_pushes_groups_and_trainer_pulls_aligned_batches(rig: Rig) -> None:
@@ -110,24 +147,29 @@ async def test_env_pushes_groups_and_trainer_pulls_aligned_batches(rig: Rig) -> 
 
 async def test_register_env_waits_for_the_trainer_to_start(rig: Rig) -> None:
     server = await rig.server()
-    client = rig.client(server.url)
+    http, attempts = recording("/register-env")
+    client = rig.client(server.url, http=http)
     registering = asyncio.create_task(client.register_env(env("waiter")))
-    await asyncio.sleep(0.3)
-    assert not registering.done()  # "wait for trainer to start", retried
+    # "wait for trainer to start", answered twice and retried: still registering.
+    assert await wait_until(lambda: attempts[:2] == [200, 200])
+    assert not registering.done() and server.state.envs == []
     await rig.trainer(server, batch_size=4)
-    reply = await asyncio.wait_for(registering, 2)
+    reply = await asyncio.wait_for(registering, PATIENCE_S)
     assert (reply.status, reply.env_id, reply.wandb_name) == ("success", 0, "waiter_0")
+    assert len(attempts) >= 3  # the one after the trainer started succeeded
 
 
 async def test_register_env_waits_for_the_server_to_come_up(rig: Rig) -> None:
     port = free_port()
-    client = rig.client(f"http://127.0.0.1:{port}")
+    http, attempts = recording("/register-env")
+    client = rig.client(f"http://127.0.0.1:{port}", http=http)
     registering = asyncio.create_task(client.register_env(env()))
-    await asyncio.sleep(0.3)
-    assert not registering.done()  # connection refused, retried
+    # Refused twice (no answer) and tried a third time: still registering.
+    assert await wait_until(lambda: len(attempts) >= 3)
+    assert attempts[:2] == [None, None] and not registering.done()
     await rig.server(port=port, batch_size=4)  # preset: no trainer needed to register
-    reply = await asyncio.wait_for(registering, 2)
-    assert reply.env_id == 0
+    reply = await asyncio.wait_for(registering, PATIENCE_S)
+    assert reply.env_id == 0 and attempts[-1] == 200
 
 
 async def test_register_env_gives_up_with_a_trainer_error(rig: Rig) -> None:
@@ -149,15 +191,18 @@ async def test_sending_to_a_vanished_server_is_a_trainer_error(rig: Rig) -> None
 async def test_backpressure_waits_while_the_queue_is_full(rig: Rig) -> None:
     server = await rig.server()
     trainer = await rig.trainer(server, batch_size=4)
-    client = rig.client(server.url, max_batches_offpolicy=1)
+    http, polls = recording("/status-env")
+    client = rig.client(server.url, http=http, max_batches_offpolicy=1)
     await client.register_env(env())
     assert not client.queue_full(await client.wait_for_room())  # empty queue: at once
+    assert len(polls) == 1
     await client.send_group(make_group(4))  # one batch queued = the limit
     waiting = asyncio.create_task(client.wait_for_room())
-    await asyncio.sleep(0.3)
+    # It looked twice, found the queue full both times, and is still waiting.
+    assert await wait_until(lambda: polls[1:3] == [200, 200])
     assert not waiting.done()
     check_batch(await trainer.pull(), 4)
-    status = await asyncio.wait_for(waiting, 2)
+    status = await asyncio.wait_for(waiting, PATIENCE_S)
     assert status.queue_size == 0 and status.current_step == 1
 
 
@@ -181,7 +226,8 @@ async def test_group_larger_than_the_batch_is_refused_and_blocks_nothing(rig: Ri
 
 
 async def test_dead_env_with_minimum_allocation_stops_blocking_after_timeout(rig: Rig) -> None:
-    server = await rig.server(env_timeout_s=0.8)
+    clock = Clock()  # the minimum's own wait is far longer: only the timeout can release it
+    server = await rig.server(clock=clock, env_timeout_s=120, min_allocation_wait_s=3600)
     trainer = await rig.trainer(server, batch_size=8)
     silent = rig.client(server.url)  # no heartbeat: it goes quiet like a crashed process
     await silent.register_env(env("slow", min_batch_allocation=0.5))
@@ -189,7 +235,9 @@ async def test_dead_env_with_minimum_allocation_stops_blocking_after_timeout(rig
     await busy.register_env(env("fast"))
     await busy.send_groups([make_group(4, marker=1), make_group(4, marker=2)])
     assert await trainer.batch() is None  # the live minimum holds the batch back
-    await asyncio.sleep(0.9)
+    clock.advance(120)
+    assert await trainer.batch() is None  # silent for the whole timeout: still live
+    clock.advance(1)
     batch = await trainer.batch()  # ... until the silent env is taken for gone
     assert batch is not None
     check_batch(batch, 8)
@@ -216,11 +264,16 @@ async def slow_and_busy(
 
 
 async def test_heartbeat_keeps_a_slow_env_alive(rig: Rig) -> None:
-    server = await rig.server(env_timeout_s=0.5)
+    clock = Clock()
+    server = await rig.server(clock=clock, env_timeout_s=120, min_allocation_wait_s=3600)
     trainer = await rig.trainer(server, batch_size=8)
     await slow_and_busy(rig, server, minimum=0.5)
-    await asyncio.sleep(0.9)  # well past the timeout, with no rollouts from the slow env
+    slow = server.state.envs[0]
+    for _ in range(3):  # 300 s: well past the timeout, with no rollouts from the slow env
+        clock.advance(100)
+        assert await wait_until(lambda: slow.last_seen == clock.now)  # a heartbeat came
     assert await trainer.batch() is None  # still live, so its minimum still counts
+    assert not slow.expired_logged
 
 
 async def test_disconnect_releases_the_env_share(rig: Rig) -> None:
@@ -300,16 +353,48 @@ async def test_gzip_both_ways(rig: Rig) -> None:
     assert (await trainer.status())["current_step"] == 1
 
 
-async def test_gzip_bomb_is_refused(rig: Rig) -> None:
-    server = await rig.server(max_request_bytes=10_000)
-    await rig.trainer(server, batch_size=4)
-    async with httpx.AsyncClient(base_url=server.url) as http:
+def peak_memory_since_reset() -> Callable[[], int]:
+    """Resets this process's peak resident memory (Linux: clear_refs 5); the function returned
+    says by how many bytes the peak has since risen above what was resident at the reset."""
+
+    def kb(field: str) -> int:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith(field))
+
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+    resident = kb("VmRSS:")
+    return lambda: (kb("VmHWM:") - resident) * 1024
+
+
+async def test_gzip_bomb_is_refused_before_it_is_inflated(rig: Rig) -> None:
+    """2 GiB of zeros in 2 MB of gzip members: inflating it whole would take 2 GiB here (the
+    server runs in this process). The server stops at the limit, then serves on."""
+    server = await rig.server(max_request_bytes=4 << 20)
+    trainer = await rig.trainer(server, batch_size=4)
+    member = gzip.compress(bytes(1 << 20))  # 1 MiB of zeros, about 1 KB packed
+    bomb = member * 2048
+    assert len(bomb) < 4 << 20  # under the limit as sent: only inflating it finds it too large
+    async with httpx.AsyncClient(base_url=server.url, timeout=PATIENCE_S) as http:
+        grown = peak_memory_since_reset()
+        response = await http.post(
+            "/scored_data", content=bomb, headers={"Content-Encoding": "gzip"}
+        )
+        assert response.status_code == 413 and f"{4 << 20} bytes" in response.text
+        assert grown() < 256 << 20, f"the peak grew by {grown() >> 20} MiB"
+        del bomb
+        # Nothing was queued, and the server goes on serving, gzip included.
+        assert (await http.get("/status")).json() == {"current_step": 0, "queue_size": 0}
+        group = make_group(4, marker=5)
         response = await http.post(
             "/scored_data",
-            content=gzip.compress(b" " * 1_000_000),
+            content=gzip.compress(group.wire_json()),
             headers={"Content-Encoding": "gzip"},
         )
-    assert response.status_code == 413
+        assert response.json() == {"status": "received"}
+    batch = await trainer.pull()
+    check_batch(batch, 4)
+    assert batch[0]["tokens"] == group.tokens
 
 
 async def test_status_env_by_body_or_query_and_unknown_env(rig: Rig) -> None:
