@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
+from typing import Any
 
 import pytest
 from tests.scripted_openai import (
@@ -18,6 +21,7 @@ from tests.scripted_openai import (
     unused_url,
     usage,
 )
+from tests.support import PATIENCE_S
 
 from clotho.chat import ChatClient, InvalidToolCall, ModelConfig, SamplingParams, ToolCall, Usage
 from clotho.errors import ConfigError, InfraError, ModelError
@@ -221,14 +225,15 @@ async def test_429_is_retried() -> None:
 
 
 async def test_retry_after_is_capped_by_backoff_max() -> None:
-    script = [HTTPError(429, headers={"Retry-After": "30"}), assistant("ok")]
+    """A server asking for a day's pause gets backoff_max_s (0.05 s): the retry comes long
+    before the test's patience runs out, which a day's wait never would."""
+    script = [HTTPError(429, headers={"Retry-After": "86400"}), assistant("ok")]
     with ScriptedOpenAIServer(script) as server:
         async with chat_client(fast_config(server.base_url, backoff_max_s=0.05)) as client:
-            started = time.perf_counter()
-            response = await client.complete(USER)
-            elapsed = time.perf_counter() - started
+            async with asyncio.timeout(PATIENCE_S):
+                response = await client.complete(USER)
     assert response.content == "ok"
-    assert elapsed < 2.0
+    assert len(server.requests) == 2
 
 
 @pytest.mark.parametrize(
@@ -301,10 +306,8 @@ async def test_model_error_after_only_malformed_bodies() -> None:
 async def test_connection_errors_are_retried_then_raise_model_error() -> None:
     config = fast_config(unused_url(), max_retries=2)
     async with chat_client(config) as client:
-        started = time.perf_counter()
         with pytest.raises(ModelError, match=r"after 3 attempts.*ConnectError"):
             await client.complete(USER)
-    assert time.perf_counter() - started < 5
 
 
 # -- several endpoints --------------------------------------------------------------------------
@@ -357,18 +360,39 @@ async def test_endpoint_answering_5xx_is_skipped_for_the_cooldown() -> None:
     assert len(fine.requests) == 4
 
 
-async def test_dead_endpoint_is_tried_again_after_the_cooldown() -> None:
+class ClientClock:
+    """The `time` module as the endpoint balancer sees it, with a monotonic clock the test
+    moves: the cool-down is judged by the client's own clock, not by waiting for it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+async def test_dead_endpoint_is_tried_again_after_the_cooldown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = ClientClock()
+    monkeypatch.setattr("clotho.chat.http.time", clock)
     with (
         ScriptedOpenAIServer(default=HTTPError(500)) as flaky,
         ScriptedOpenAIServer(default=assistant("fine")) as fine,
     ):
-        config = fast_config(flaky.base_url, fine.base_url, unhealthy_cooldown_s=0.2)
+        config = fast_config(flaky.base_url, fine.base_url, unhealthy_cooldown_s=30)
         async with chat_client(config) as client:
-            await client.complete(USER)
-            await client.complete(USER)
+            await client.complete(USER)  # flaky's 500, retried on fine
             assert len(flaky.requests) == 1
-            time.sleep(0.3)  # noqa: ASYNC251 - nothing else runs; the cool-down must pass
-            await client.complete(USER)
+            clock.now += 29.5
+            for _ in range(3):  # cooling down: every call goes to fine
+                assert (await client.complete(USER)).content == "fine"
+            assert len(flaky.requests) == 1
+            clock.now += 1
+            await client.complete(USER)  # the cool-down is over: flaky is tried again
     assert len(flaky.requests) == 2
 
 
@@ -384,24 +408,44 @@ async def test_only_endpoint_is_used_even_while_cooling_down() -> None:
 # -- timeouts ---------------------------------------------------------------------------------
 
 
+class Held:
+    """A script entry whose answer waits until `release` is set (or the test's patience
+    runs out): a client that got any answer from it waited for it."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.answered = 0
+
+    def __call__(self, body: Any) -> dict[str, Any]:
+        self.release.wait(PATIENCE_S)
+        self.answered += 1
+        return assistant("too late")
+
+
 async def test_request_timeout_is_retried_then_raises_model_error() -> None:
-    slow = Reply(assistant("too late"), delay_s=1.5)
-    with ScriptedOpenAIServer(default=slow) as server:
+    held = Held()
+    with ScriptedOpenAIServer(default=held) as server:
         config = fast_config(server.base_url, timeout_s=0.2, max_retries=1)
         async with chat_client(config) as client:
-            started = time.perf_counter()
-            with pytest.raises(ModelError, match="Timeout"):
-                await client.complete(USER)
-            elapsed = time.perf_counter() - started
-    assert len(server.requests) == 2
-    assert elapsed < 1.4  # the client gave up; it did not wait for the slow answers
+            try:
+                with pytest.raises(ModelError, match="Timeout"):
+                    await client.complete(USER)
+                # The client gave up on both before either could answer.
+                assert (len(server.requests), held.answered) == (2, 0)
+            finally:
+                held.release.set()
 
 
 async def test_request_timeout_then_a_fast_answer_succeeds() -> None:
-    script = [Reply(assistant("too late"), delay_s=1.5), assistant("in time")]
-    with ScriptedOpenAIServer(script) as server:
-        config = fast_config(server.base_url, timeout_s=0.2)
+    """The held answer never comes in time; the fast one has a generous read timeout."""
+    held = Held()
+    with ScriptedOpenAIServer([held, assistant("in time")]) as server:
+        config = fast_config(server.base_url, timeout_s=3)
         async with chat_client(config) as client:
-            response = await client.complete(USER)
+            try:
+                response = await client.complete(USER)
+                assert held.answered == 0
+            finally:
+                held.release.set()
     assert response.content == "in time"
     assert len(server.requests) == 2
