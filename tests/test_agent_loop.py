@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import shutil
-import time
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from tests.sandbox_fixtures import processes_mentioning
 from tests.scripted_openai import (
     HTTPError,
     Reply,
@@ -20,6 +22,7 @@ from tests.scripted_openai import (
     tool_call,
     usage,
 )
+from tests.support import PATIENCE_S, wait_until
 
 from clotho.agent import AgentContext, AgentLimits, AgentLoop, AgentResult, LLMAgent
 from clotho.agent.result import ToolErrorRecord
@@ -328,96 +331,107 @@ async def test_sandbox_error_in_a_tool_propagates(sandbox: Sandbox) -> None:
 
 async def test_sandbox_error_in_a_parallel_call_cancels_its_siblings(sandbox: Sandbox) -> None:
     """Parallel calls share a TaskGroup: the broken one's SandboxError (itself, not an
-    exception group) ends the run at once, and the sibling still sleeping is cancelled."""
+    exception group) ends the run at once, and the sibling still waiting is cancelled."""
     log: list[str] = []
+    waiting = asyncio.Event()
 
     @tool
-    async def slow(rt: ToolRuntime) -> str:
-        """Sleep for a long time."""
+    async def endless(rt: ToolRuntime) -> str:
+        """Wait for ever: only cancelling ends it."""
         log.append("started")
+        waiting.set()
         try:
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()
         except asyncio.CancelledError:
             log.append("cancelled")
             raise
-        return "slept"
+        return "unreachable"
 
     @tool
     async def broken(rt: ToolRuntime) -> str:
-        """Break the sandbox after a moment."""
-        await asyncio.sleep(0.05)
+        """Break the sandbox once the other call is waiting."""
+        await waiting.wait()
         raise SandboxError("the sandbox shell is gone")
 
-    script = [assistant("", [tool_call("slow"), tool_call("broken")])]
-    started = time.perf_counter()
+    script = [assistant("", [tool_call("endless"), tool_call("broken")])]
     with (
         ScriptedOpenAIServer(script) as server,
         pytest.raises(SandboxError, match="shell is gone"),
     ):
-        await run_loop(server, sandbox, tools=[slow, broken])
-    assert time.perf_counter() - started < 10
+        async with asyncio.timeout(PATIENCE_S):  # a run left waiting on `endless` fails
+            await run_loop(server, sandbox, tools=[endless, broken])
     assert log == ["started", "cancelled"]
 
 
 # -- several calls in one turn --------------------------------------------------------------
 
 
-def nap_tools(log: list[tuple[str, str, float]]) -> list[Tool]:
+Log = list[tuple[str, str]]
+
+
+def nap_tools(log: Log) -> list[Tool]:
+    """Tools that log ("start", label) and ("end", label), and end when the test says: after
+    the calls named in `together` have started and those in `after` have ended. The order of
+    the log is then the order the loop ran them in, on any machine."""
+
+    def happened(kind: str, labels: str) -> bool:
+        return all((kind, label) in log for label in labels.split(",") if label)
+
+    async def nap_for(label: str, together: str, after: str) -> None:
+        log.append(("start", label))
+        for _ in range(3):  # a call running alongside gets to start meanwhile
+            await asyncio.sleep(0)
+        # Run one at a time, a call waiting for another would wait in vain: it fails.
+        if not await wait_until(lambda: happened("start", together) and happened("end", after)):
+            raise RuntimeError(f"{label}: {together or after} never came")
+        log.append(("end", label))
+
     @tool
-    async def nap(rt: ToolRuntime, label: str, seconds: float = 0.3) -> str:
-        """Sleep, and say so. Safe to run in parallel.
+    async def nap(rt: ToolRuntime, label: str, together: str = "", after: str = "") -> str:
+        """Nap, and say so. Safe to run in parallel.
 
         Args:
             label: a name for this nap.
-            seconds: how long to sleep.
+            together: comma-separated labels of naps that must have started before it ends.
+            after: comma-separated labels of naps that must have ended before it ends.
         """
-        log.append(("start", label, time.perf_counter()))
-        await asyncio.sleep(seconds)
-        log.append(("end", label, time.perf_counter()))
+        await nap_for(label, together, after)
         return f"napped {label}"
 
     @tool(parallel=False)
-    async def nap_alone(rt: ToolRuntime, label: str, seconds: float = 0.3) -> str:
-        """Sleep, and say so. Never runs alongside another call.
+    async def nap_alone(rt: ToolRuntime, label: str) -> str:
+        """Nap, and say so. Never runs alongside another call.
 
         Args:
             label: a name for this nap.
-            seconds: how long to sleep.
         """
-        log.append(("start", label, time.perf_counter()))
-        await asyncio.sleep(seconds)
-        log.append(("end", label, time.perf_counter()))
+        await nap_for(label, "", "")
         return f"napped alone {label}"
 
     return [nap, nap_alone]
 
 
-def times(log: list[tuple[str, str, float]], kind: str) -> dict[str, float]:
-    return {label: t for k, label, t in log if k == kind}
-
-
 async def test_parallel_safe_calls_run_concurrently(sandbox: Sandbox) -> None:
-    log: list[tuple[str, str, float]] = []
-    calls = [tool_call("nap", {"label": x}, id=f"n{x}") for x in "abc"]
+    log: Log = []
+    calls = [tool_call("nap", {"label": x, "together": "a,b,c"}, id=f"n{x}") for x in "abc"]
     with ScriptedOpenAIServer([assistant("", calls), assistant("rested")]) as server:
         result = await run_loop(server, sandbox, tools=nap_tools(log))
-    starts = times(log, "start")
-    assert max(starts.values()) - min(starts.values()) < 0.1
-    assert result.timings[0].tools_s < 0.6
+    assert log[:3] == [("start", "a"), ("start", "b"), ("start", "c")]  # every start first
+    assert sorted(log[3:]) == [("end", "a"), ("end", "b"), ("end", "c")]
     assert [m["content"] for m in result.messages[2:5]] == ["napped a", "napped b", "napped c"]
     assert_well_formed(result.messages)
 
 
 async def test_results_keep_call_order_when_calls_finish_out_of_order(sandbox: Sandbox) -> None:
-    log: list[tuple[str, str, float]] = []
+    log: Log = []
     calls = [
-        tool_call("nap", {"label": "slow", "seconds": 0.3}, id="slow"),
-        tool_call("nap", {"label": "fast", "seconds": 0.01}, id="fast"),
-        tool_call("nap", {"label": "medium", "seconds": 0.15}, id="medium"),
+        tool_call("nap", {"label": "slow", "after": "medium"}, id="slow"),
+        tool_call("nap", {"label": "fast"}, id="fast"),
+        tool_call("nap", {"label": "medium", "after": "fast"}, id="medium"),
     ]
     with ScriptedOpenAIServer([assistant("", calls), assistant("ok")]) as server:
         result = await run_loop(server, sandbox, tools=nap_tools(log))
-    finished = [label for kind, label, _ in log if kind == "end"]
+    finished = [label for kind, label in log if kind == "end"]
     assert finished == ["fast", "medium", "slow"]
     tool_messages = result.messages[2:5]
     assert [m["tool_call_id"] for m in tool_messages] == ["slow", "fast", "medium"]
@@ -425,14 +439,12 @@ async def test_results_keep_call_order_when_calls_finish_out_of_order(sandbox: S
 
 
 async def test_non_parallel_calls_run_one_after_another(sandbox: Sandbox) -> None:
-    log: list[tuple[str, str, float]] = []
-    calls = [tool_call("nap_alone", {"label": x, "seconds": 0.2}, id=f"s{x}") for x in "abc"]
+    log: Log = []
+    calls = [tool_call("nap_alone", {"label": x}, id=f"s{x}") for x in "abc"]
     with ScriptedOpenAIServer([assistant("", calls), assistant("ok")]) as server:
         result = await run_loop(server, sandbox, tools=nap_tools(log))
-    starts, ends = times(log, "start"), times(log, "end")
-    assert starts["b"] >= ends["a"]
-    assert starts["c"] >= ends["b"]
-    assert result.timings[0].tools_s >= 0.6
+    # Each yields to the loop before it ends: run together, their starts would interleave.
+    assert log == [(kind, x) for x in "abc" for kind in ("start", "end")]
     assert [m["content"] for m in result.messages[2:5]] == [
         "napped alone a",
         "napped alone b",
@@ -441,19 +453,19 @@ async def test_non_parallel_calls_run_one_after_another(sandbox: Sandbox) -> Non
 
 
 async def test_a_non_parallel_call_splits_the_parallel_batches(sandbox: Sandbox) -> None:
-    log: list[tuple[str, str, float]] = []
+    log: Log = []
     calls = [
-        tool_call("nap", {"label": "p1", "seconds": 0.2}),
-        tool_call("nap", {"label": "p2", "seconds": 0.2}),
-        tool_call("nap_alone", {"label": "s", "seconds": 0.1}),
-        tool_call("nap", {"label": "p3", "seconds": 0.1}),
+        tool_call("nap", {"label": "p1", "together": "p1,p2"}),
+        tool_call("nap", {"label": "p2", "together": "p1,p2"}),
+        tool_call("nap_alone", {"label": "s"}),
+        tool_call("nap", {"label": "p3"}),
     ]
     with ScriptedOpenAIServer([assistant("", calls), assistant("ok")]) as server:
         result = await run_loop(server, sandbox, tools=nap_tools(log))
-    starts, ends = times(log, "start"), times(log, "end")
-    assert abs(starts["p1"] - starts["p2"]) < 0.1  # together
-    assert starts["s"] >= max(ends["p1"], ends["p2"])  # after the batch before it
-    assert starts["p3"] >= ends["s"]  # and before the one after it
+    assert log[:2] == [("start", "p1"), ("start", "p2")]  # together
+    assert sorted(log[2:4]) == [("end", "p1"), ("end", "p2")]
+    # s after the batch before it, and before the one after it.
+    assert log[4:] == [("start", "s"), ("end", "s"), ("start", "p3"), ("end", "p3")]
     assert [m["content"] for m in result.messages[2:6]] == [
         "napped p1",
         "napped p2",
@@ -496,18 +508,38 @@ async def test_max_turns(sandbox: Sandbox) -> None:
     assert_well_formed(result.messages)
 
 
+# Long enough for one answer from the scripted model on a busy machine: the limits below
+# must strike during what the test holds open (a command, a model request), not before.
+LIMIT_S = 2.0
+
+
+class Held:
+    """A script entry whose answer waits until `release` is set (or the test's patience
+    runs out): a run that got any answer from it waited for it."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.answered = 0
+
+    def __call__(self, body: Any) -> dict[str, Any]:
+        self.release.wait(PATIENCE_S)
+        self.answered += 1
+        return assistant("too late")
+
+
 async def test_time_limit_closes_the_open_calls(sandbox: Sandbox) -> None:
+    """The command outlives any patience; the limit kills it and the run goes on without it.
+    (A unique duration finds this command among the host's processes.)"""
+    seconds = f"{3600 + random.random():.9f}"
     calls = [
-        tool_call("terminal", {"command": "sleep 30"}, id="sleeper"),
+        tool_call("terminal", {"command": f"sleep {seconds} && touch done"}, id="sleeper"),
         tool_call("read_file", {"path": "x.txt"}, id="never_ran"),
     ]
     with ScriptedOpenAIServer([assistant("", calls), assistant("unreachable")]) as server:
-        started = time.perf_counter()
-        result = await run_loop(server, sandbox, limits=AgentLimits(time_limit_s=0.5))
-        elapsed = time.perf_counter() - started
+        async with asyncio.timeout(PATIENCE_S):  # a run that waited for the command fails
+            result = await run_loop(server, sandbox, limits=AgentLimits(time_limit_s=LIMIT_S))
     assert result.stop_reason == "time_limit"
-    assert elapsed < 5
-    assert 0.4 < result.duration_s < 5
+    assert result.duration_s >= LIMIT_S - 0.01  # the limit ended it, not anything before
     assert len(server.requests) == 1
     assert result.messages[-2:] == [
         {
@@ -522,20 +554,25 @@ async def test_time_limit_closes_the_open_calls(sandbox: Sandbox) -> None:
         },
     ]
     assert_well_formed(result.messages)
-    # The killed command left the sandbox usable.
-    assert (await sandbox.exec("echo alive", timeout=5)).stdout == "alive\n"
+    # The command was killed, not left running or waited for, and the sandbox is usable.
+    assert await wait_until(lambda: processes_mentioning(seconds) == [])
+    done = await sandbox.exec("test -e done && echo done || echo killed", timeout=PATIENCE_S)
+    assert done.stdout == "killed\n"
 
 
 async def test_time_limit_while_waiting_for_the_model(sandbox: Sandbox) -> None:
-    script = [
-        assistant("", [tool_call("terminal", {"command": "true"}, id="quick")]),
-        Reply(assistant("too late"), delay_s=3),
-    ]
+    held = Held()
+    script = [assistant("", [tool_call("terminal", {"command": "true"}, id="quick")]), held]
     with ScriptedOpenAIServer(script) as server:
-        result = await run_loop(server, sandbox, limits=AgentLimits(time_limit_s=0.5))
+        try:
+            async with asyncio.timeout(PATIENCE_S):  # a run that waited for the answer fails
+                result = await run_loop(server, sandbox, limits=AgentLimits(time_limit_s=LIMIT_S))
+            # The limit struck while the model was asked: nothing had answered.
+            assert (len(server.requests), held.answered) == (2, 0)
+        finally:
+            held.release.set()
     assert result.stop_reason == "time_limit"
     assert result.turns == 1
-    assert result.duration_s < 2
     assert_well_formed(result.messages)
     assert result.messages[-1]["tool_call_id"] == "quick"  # no extra error message added
     assert len(result.messages) == 3
@@ -669,8 +706,9 @@ async def test_llm_agent_uses_the_shorter_time_limit(sandbox: Sandbox) -> None:
             agent = LLMAgent(client, builtin_tools(), limits=AgentLimits(time_limit_s=100))
             ctx = AgentContext(instruction="wait", sandbox=sandbox, time_limit_s=0.4)
             result = await agent.run(ctx)
+    # Under the agent's own 100 s limit the command would end and the script run out (a
+    # model error); the context's 0.4 s struck first.
     assert result.stop_reason == "time_limit"
-    assert result.duration_s < 5
     assert agent.limits.time_limit_s == 100  # the agent's own limits are left alone
 
 
