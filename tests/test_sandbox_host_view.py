@@ -232,6 +232,28 @@ EOF"""
     assert r.stdout == ("made\n" if root_mode == "overlay" else ""), r.stderr
 
 
+async def test_a_closed_folder_in_a_visible_tree_stays_closed(
+    root_mode: str, tmp_path: Path
+) -> None:
+    # /usr/local is the host's (and, as root, an overlay whose folders the sandbox owns so it
+    # can install there): a folder the host closed must not become the sandbox's through it.
+    token = secrets.token_hex(8)
+    closed = Path("/usr/local") / f"clotho-test-{token}"
+    (closed / "tests").mkdir(parents=True)
+    (closed / "tests" / "check.py").write_text(f"SECRET = {token!r}\n")
+    closed.chmod(0o700)
+    try:
+        config = LocalSandboxConfig(root=root_mode, state_dir=str(tmp_path))
+        async with await open_sandbox(config) as sb:  # started after the folder was made
+            r = await sb.exec(f"ls {closed}; cat {closed}/tests/check.py")
+            assert r.stdout == "" and r.stderr.count("Permission denied") == 2, r.stderr
+            r = await sb.exec(f"echo y > /usr/local/bin/y-{token} && cat /usr/local/bin/y-{token}")
+            assert r.stdout == ("y\n" if root_mode == "overlay" else ""), r.stderr
+        assert not Path(f"/usr/local/bin/y-{token}").exists()
+    finally:
+        shutil.rmtree(closed)
+
+
 @pytest.mark.parametrize("root", ROOT_MODES)
 def test_a_model_that_runs_the_reference_solution_scores_zero(planted: Planted, root: str) -> None:
     tasks = planted.task.parent

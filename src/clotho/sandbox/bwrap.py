@@ -222,13 +222,20 @@ def _usr_local_is_folder() -> bool:
 def _prepare_upper(upper: Path, uid: int) -> None:
     """Make the /usr/local overlay's upper root, and a folder for each folder of the host's
     /usr/local (bin, lib, ...), the sandbox uid's: its root may install there (pip's scripts
-    in /usr/local/bin); deeper folders keep the host's owner."""
-    os.chown(upper, uid, uid)
+    in /usr/local/bin); deeper folders keep the host's owner. Only folders anyone may list
+    and enter: a folder the host closed (a task's tests in a 0700 folder) stays root's, as
+    its owner in the merged tree would be the sandbox's."""
+    if _open_to_all(Path(_USR_LOCAL)):
+        os.chown(upper, uid, uid)
     for child in sorted(Path(_USR_LOCAL).iterdir()):
-        if child.is_dir() and not child.is_symlink():
+        if child.is_dir() and not child.is_symlink() and _open_to_all(child):
             made = upper / child.name
             _mkdir(made, child.stat().st_mode & 0o7777)
             os.chown(made, uid, uid)
+
+
+def _open_to_all(folder: Path) -> bool:
+    return folder.stat().st_mode & 0o005 == 0o005
 
 
 def _host_view(
