@@ -8,20 +8,23 @@ overwrite each other's reward, and a root-owned leftover there breaks every late
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import uuid
 from pathlib import Path
 
 import pytest
+from tests.support import wait_until
 
 from clotho.agent.reference import OracleAgent
-from clotho.sandbox import UnsafeLocalSandboxConfig, open_sandbox
+from clotho.sandbox import UnsafeLocalSandboxConfig, open_sandbox, unsafe_local
 from clotho.sandbox.pool import SlotPool
 from clotho.sandbox.unsafe_local import UnsafeLocalSandbox, private_mounts_available
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import HarborTrial, run_trial
 from clotho.tasks.verify import run_verifier
 
-pytestmark = pytest.mark.skipif(
+needs_private_mounts = pytest.mark.skipif(
     not private_mounts_available(), reason="private mount namespaces need root and unshare"
 )
 
@@ -41,6 +44,7 @@ done
 """
 
 
+@needs_private_mounts
 async def test_concurrent_verifications_keep_their_own_rewards(make_task, tmp_path: Path) -> None:
     barrier = tmp_path / "barrier"
     barrier.mkdir()
@@ -73,6 +77,7 @@ async def test_concurrent_verifications_keep_their_own_rewards(make_task, tmp_pa
     assert not Path("/logs/verifier", marker).exists()
 
 
+@needs_private_mounts
 async def test_oracle_solution_and_tests_stay_in_the_sandbox(make_task, tmp_path: Path) -> None:
     marker = f"clotho-test-{uuid.uuid4().hex}"
     folder = make_task(
@@ -97,6 +102,7 @@ async def test_oracle_solution_and_tests_stay_in_the_sandbox(make_task, tmp_path
     assert not Path("/tests", marker).exists()
 
 
+@needs_private_mounts
 async def test_private_folders_are_the_sandboxs_and_go_with_it(tmp_path: Path) -> None:
     config = UnsafeLocalSandboxConfig(state_dir=str(tmp_path / "state"))
     sandbox = await open_sandbox(config)
@@ -116,3 +122,57 @@ async def test_private_folders_are_the_sandboxs_and_go_with_it(tmp_path: Path) -
     finally:
         await sandbox.close()
     assert not state.exists()
+
+
+class _CountingFcntl:
+    """fcntl as unsafe_local uses it, counting the lock attempts (how a waiter is seen)."""
+
+    LOCK_EX, LOCK_NB = fcntl.LOCK_EX, fcntl.LOCK_NB
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def flock(self, fd: int, op: int) -> None:
+        self.attempts += 1
+        fcntl.flock(fd, op)
+
+
+async def test_without_private_folders_verifications_take_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No mounts (not root): the host's /tests and /logs are shared, so from `stop_agent`
+    (the start of verification) to `close` one sandbox at a time holds the host's turn."""
+    lock = tmp_path / "verify.lock"
+    counting = _CountingFcntl()
+    monkeypatch.setattr(unsafe_local, "HOST_LOCK", lock)
+    monkeypatch.setattr(unsafe_local, "private_mounts_available", lambda: False)
+    monkeypatch.setattr(unsafe_local, "fcntl", counting)
+    config = UnsafeLocalSandboxConfig(state_dir=str(tmp_path / "state"))
+    a = await open_sandbox(config)
+    b = await open_sandbox(config)
+    waiting: asyncio.Task[None] | None = None
+    try:
+        assert isinstance(a, UnsafeLocalSandbox) and not a.private
+        await a.stop_agent()  # a verifies now
+        tried = counting.attempts
+        waiting = asyncio.create_task(b.stop_agent())
+        assert await wait_until(lambda: counting.attempts >= tried + 3)  # b tried, in vain
+        assert not waiting.done()
+        await a.close()  # a's turn ends...
+        await asyncio.wait_for(waiting, timeout=30)  # ...and b's begins
+        probe = os.open(lock, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # b holds it now
+        finally:
+            os.close(probe)
+    finally:
+        if waiting is not None and not waiting.done():
+            waiting.cancel()
+        await a.close()
+        await b.close()
+    probe = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once b closed
+    finally:
+        os.close(probe)
