@@ -17,7 +17,9 @@ from tests.conftest import requires_bwrap
 from clotho.agent.base import AgentContext
 from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.agent.result import AgentResult
+from clotho.chat.client import ChatClient, ModelConfig
 from clotho.errors import TaskError
+from clotho.rollout import run_rollout
 from clotho.sandbox import LocalSandboxConfig
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.swe.examples import TOY_INSTANCES, build_toys
@@ -387,6 +389,21 @@ async def test_shell_quoting_of_ids(options: SweOptions, monkeypatch: pytest.Mon
 
 
 @requires_bwrap
+class _Patches:
+    """A scripted agent: applies the given patch in the workspace, or does nothing."""
+
+    name = "patches"
+
+    def __init__(self, patch: str | None) -> None:
+        self.patch = patch
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        if self.patch:
+            applied = await ctx.sandbox.exec(f"git apply <<'EOF'\n{self.patch}EOF")
+            assert applied.ok, applied.stderr
+        return AgentResult(messages=[])
+
+
 async def test_swe_environment_rollout_is_verified_by_its_tests(tmp_path: Path) -> None:
     """The `swe` environment: bundled instances (their toy repositories built on first use,
     no --repos-dir), the workspace at /testbed, the gold patch rewarded 1 and nothing 0."""
@@ -401,19 +418,15 @@ async def test_swe_environment_rollout_is_verified_by_its_tests(tmp_path: Path) 
         assert len(env.instances) == 2
         item = await env.get_next_item()
         assert "/testbed" in env.format_prompt(item)
-        pool = env._require_pool()
+        env.model = ChatClient(ModelConfig(model="unused"))  # the agent below is scripted
         rewards = []
         for fix in (True, False):
-            sandbox = await pool.acquire(env.sandbox_config(item))
-            try:
-                await env.setup_workspace(item, sandbox)
-                if fix:
-                    applied = await sandbox.exec(f"git apply <<'EOF'\n{item.patch}EOF")
-                    assert applied.ok, applied.stderr
-                result = AgentResult(messages=[])
-                rewards.append((await env.verify(item, result, sandbox)).reward)
-            finally:
-                await pool.release(sandbox)
+            # The environment's own attempt (the one clotho eval makes), with a scripted agent.
+            spec = env.rollout_spec(item, [])
+            spec.agent = _Patches(item.patch if fix else None)
+            outcome = await run_rollout(spec, env._require_pool())
+            assert outcome.error is None, outcome.error
+            rewards.append(outcome.reward)
         assert rewards == [1.0, 0.0]
     finally:
         await env.close()

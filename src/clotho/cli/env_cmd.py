@@ -177,7 +177,7 @@ async def _sft_exporter(
     """An exporter fed by every rollout of `environment` as it ends (conversion in a thread)."""
     if path is None or options is None:
         return None
-    from clotho.export.sources import item_name, observe_rollouts, tool_schemas
+    from clotho.export.sources import item_name, tool_schemas
     from clotho.export.sources import trajectory_of_outcome as of_outcome
     from clotho.export.writer import SftExporter
 
@@ -192,7 +192,7 @@ async def _sft_exporter(
         )
         await asyncio.to_thread(exporter.add, trajectory)
 
-    observe_rollouts(environment, on_rollout)
+    environment.on_rollout(on_rollout)
     return exporter
 
 

@@ -14,7 +14,7 @@ import abc
 import asyncio
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from clotho.agent.llm import DEFAULT_SYSTEM_PROMPT, LLMAgent
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
+# Sees each rollout as it ends: its item, its tools and its outcome.
+OnRollout = Callable[[Any, Sequence[Tool], RolloutOutcome], Awaitable[None]]
 
 
 class Environment(abc.ABC, Generic[Item]):
@@ -67,6 +69,7 @@ class Environment(abc.ABC, Generic[Item]):
         self.stats = GroupStats()
         self._tokenizer: Any = None
         self._loading = asyncio.Lock()  # concurrent first rollouts load the model once
+        self._observers: list[OnRollout] = []
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -197,9 +200,11 @@ class Environment(abc.ABC, Generic[Item]):
         prompt = self.config.system_prompt or DEFAULT_SYSTEM_PROMPT
         return LLMAgent(self.model, tools, limits, system_prompt=prompt)
 
-    async def rollout(self, item: Item, tools: Sequence[Tool]) -> RolloutOutcome:
-        """One rollout of `item` through the one rollout path, in a sandbox from the pool."""
-        await self._require_model()
+    def rollout_spec(self, item: Item, tools: Sequence[Tool]) -> RolloutSpec:
+        """The attempt one rollout of `item` makes. Environments over a task format return
+        that format's own attempt, the very one `clotho eval` runs (its sandbox, workspace,
+        limits, wall clock and verifier); this default adapter is built from the hooks
+        (`sandbox_config`, `setup_workspace`, `compute_reward`) and `rollout_timeout_s`."""
         by_name = {t.name: t for t in tools}
 
         async def prepare(sandbox: Sandbox) -> None:
@@ -211,14 +216,26 @@ class Environment(abc.ABC, Generic[Item]):
                 return reward
             return VerifierOutcome(reward=float(reward))
 
-        spec = RolloutSpec(
+        return RolloutSpec(
             sandbox=self.sandbox_config(item),
             agent=self.agent(tools),
             instruction=lambda: self.format_prompt(item),
             prepare=prepare,
             verify=verify,
+            timeout_s=self.config.rollout_timeout_s,
         )
-        outcome = await run_rollout(spec, self._require_pool())
+
+    def on_rollout(self, observer: OnRollout) -> None:
+        """Call `observer(item, tools, outcome)` after each rollout, errored ones and those
+        of dropped groups included (an SFT export sees what a sink never receives)."""
+        self._observers.append(observer)
+
+    async def rollout(self, item: Item, tools: Sequence[Tool]) -> RolloutOutcome:
+        """One rollout of `item` through the one rollout path, in a sandbox from the pool."""
+        await self._require_model()
+        outcome = await run_rollout(self.rollout_spec(item, tools), self._require_pool())
+        for observer in self._observers:
+            await observer(item, tools, outcome)
         if outcome.error is not None and outcome.error.kind == "verifier":
             log.warning("reward of a %s rollout failed: %s", self.name, outcome.error.message)
         return outcome

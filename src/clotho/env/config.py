@@ -34,6 +34,13 @@ class EnvConfig(BaseModel):
         description="groups with fewer trainable rollouts (scored, or failed by the agent's "
         "doing) are dropped",
     )
+    rollout_timeout_s: float | None = Field(
+        3600.0,
+        gt=0,
+        description="wall clock of a whole rollout (sandbox, agent, verification) for "
+        "environments with their own hooks; task formats use their task's limits, as eval "
+        "does; reaching it is the agent's failure",
+    )
     failure_score: float = Field(
         0.0,
         allow_inf_nan=False,

@@ -1,31 +1,35 @@
 """The rollout half of an environment whose items are Harbor tasks (`terminal_tasks`,
-`endless`): the instruction is the prompt, each task's sandbox is prepared once, and every
-rollout is verified in its own sandbox by the tamper-checked verifier, with the program
-digests taken before its agent started."""
+`endless`): each task's sandbox is prepared once, and each rollout is the very attempt
+`clotho eval` makes (`HarborTrial.rollout`: the workspace, program digests taken before the
+agent, the task's agent and verifier limits, its wall clock, the tamper-checked verifier)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from weakref import WeakKeyDictionary
+from typing import TYPE_CHECKING
 
-from clotho.agent.result import AgentResult
-from clotho.rollout import VerifierOutcome
-from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
-from clotho.tasks.environment import upload_workspace
+from clotho.rollout import RolloutSpec
+from clotho.sandbox import PreparedEnvironment, SandboxConfig
 from clotho.tasks.harbor import Task
-from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
+from clotho.tasks.trial import HarborTrial
+from clotho.tools.tool import Tool
+
+if TYPE_CHECKING:
+    from clotho.agent.llm import LLMAgent
 
 
 class HarborRollouts:
     """Mixin (before `Environment` in the bases); call `_init_rollouts()` in `setup`."""
 
     _prepared: dict[Path, PreparedEnvironment]  # by task folder
-    _baselines: WeakKeyDictionary[Sandbox, ProgramDigests]
+
+    if TYPE_CHECKING:
+
+        def agent(self, tools: Sequence[Tool]) -> LLMAgent: ...
 
     def _init_rollouts(self) -> None:
         self._prepared = {}
-        # Per sandbox, taken before its agent started; gone with the sandbox.
-        self._baselines = WeakKeyDictionary()
 
     def format_prompt(self, item: Task) -> str:
         return item.instruction
@@ -33,11 +37,7 @@ class HarborRollouts:
     def sandbox_config(self, item: Task) -> SandboxConfig:
         return self._prepared[item.path].config
 
-    async def setup_workspace(self, item: Task, sandbox: Sandbox) -> None:
-        if not self._prepared[item.path].workspace_in_image:
-            await upload_workspace(item, sandbox)
-        self._baselines[sandbox] = await program_digests(item, sandbox)
-
-    async def verify(self, item: Task, result: AgentResult, sandbox: Sandbox) -> VerifierOutcome:
-        """The task's tests on what this rollout's agent left in its own sandbox."""
-        return await run_verifier(item, sandbox, self._baselines.pop(sandbox, None))
+    def rollout_spec(self, item: Task, tools: Sequence[Tool]) -> RolloutSpec:
+        spec = HarborTrial(item).rollout(self.agent(tools), self._prepared[item.path])
+        spec.solution_dir = None  # the model's agent never sees the reference solution
+        return spec

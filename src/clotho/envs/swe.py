@@ -11,26 +11,22 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
-from weakref import WeakKeyDictionary
 
 from pydantic import Field
 
 from clotho.agent.llm import LLMAgent
-from clotho.agent.result import AgentResult
 from clotho.data import DatasetSource, source_list
 from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
 from clotho.env.evaluation import EvalSample
 from clotho.env.pass_order import PassOrder, PassOrdered
 from clotho.errors import ConfigError
-from clotho.rollout import VerifierOutcome
-from clotho.sandbox import PreparedEnvironment, Sandbox, SandboxConfig
+from clotho.rollout import RolloutSpec
+from clotho.sandbox import PreparedEnvironment
 from clotho.swe.examples import TOY_INSTANCES
 from clotho.swe.instance import SweInstance, SweOptions, load_instances
 from clotho.swe.repos import RepoCache
 from clotho.swe.trial import SweTrial, instruction
-from clotho.swe.verify import program_baseline, verify_instance
-from clotho.tasks.verify import ProgramDigests
 from clotho.tools.tool import Tool
 
 
@@ -91,8 +87,6 @@ class SweEnv(PassOrdered, Environment[SweInstance]):
             self.instances, lambda i: i.instance_id,
             seed=self.config.seed, shuffle=self.config.shuffle,
         )  # fmt: skip
-        self._snapshots: WeakKeyDictionary[Sandbox, Path] = WeakKeyDictionary()
-        self._baselines: WeakKeyDictionary[Sandbox, ProgramDigests] = WeakKeyDictionary()
         pool = self._require_pool()
         self._prepared: dict[str, PreparedEnvironment] = {}
         for trial in self.trials.values():
@@ -135,21 +129,14 @@ class SweEnv(PassOrdered, Environment[SweInstance]):
     def format_prompt(self, item: SweInstance) -> str:
         return instruction(item, self.config.swe.testbed)
 
-    def sandbox_config(self, item: SweInstance) -> SandboxConfig:
+    def rollout_spec(self, item: SweInstance, tools: Sequence[Tool]) -> RolloutSpec:
+        """The attempt `clotho eval` makes at the instance (`SweTrial.rollout`: the repository
+        at its base commit, the install, the program baseline, the instance's tests and its
+        wall clock), with this environment's agent."""
         prepared = self._prepared[item.docker_image or ""]
-        return prepared.config.model_copy(update={"workdir": self.config.swe.testbed})
-
-    async def setup_workspace(self, item: SweInstance, sandbox: Sandbox) -> None:
-        self._snapshots[sandbox] = await self.trials[item.instance_id].prepare(sandbox)
-        self._baselines[sandbox] = await program_baseline(sandbox)
-
-    async def verify(
-        self, item: SweInstance, result: AgentResult, sandbox: Sandbox
-    ) -> VerifierOutcome:
-        return await verify_instance(
-            item, sandbox, self._snapshots.pop(sandbox), self.config.swe,
-            self._baselines.pop(sandbox, None),
-        )  # fmt: skip
+        spec = self.trials[item.instance_id].rollout(self.agent(tools), prepared)
+        spec.solution_dir = None  # the model's agent never sees the reference patch
+        return spec
 
     async def evaluate(self) -> list[EvalSample]:
         tools = self.resolve_tools()

@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
 
 from clotho.chat.ledger import TokenSequence
-from clotho.env.base import Environment
 from clotho.env.scored import ScoredGroup
 from clotho.errors import ConfigError, describe_validation_error
 from clotho.export.sft import PASS_REWARD, Trajectory
@@ -157,25 +156,6 @@ def trajectories_from(source: Path) -> Iterator[Trajectory]:
 
 # -- live rollouts ---------------------------------------------------------------------------
 
-OnRollout = Callable[[Any, Sequence[Tool], RolloutOutcome], Awaitable[None]]
-
-
-def observe_rollouts(environment: Environment[Any], on_rollout: OnRollout) -> None:
-    """Call `on_rollout(item, tools, outcome)` after each rollout of `environment`, errored
-    ones and those of dropped groups included (the groups a sink receives hold neither).
-
-    Wraps the instance's `rollout`, the one place that sees an item, its tools and the
-    outcome together; an `on_rollout` hook on `Environment` would make this unnecessary.
-    """
-    original = environment.rollout
-
-    async def rollout(item: Any, tools: Sequence[Tool]) -> RolloutOutcome:
-        outcome = await original(item, tools)
-        await on_rollout(item, tools, outcome)
-        return outcome
-
-    environment.rollout = rollout  # type: ignore[method-assign]
-
 
 def item_name(item: Any) -> str | None:
     """An item's name for the metadata, when it has one."""
@@ -191,7 +171,6 @@ def item_name(item: Any) -> str | None:
 
 __all__ = [
     "item_name",
-    "observe_rollouts",
     "tool_schemas",
     "trajectories_from",
     "trajectories_from_groups",

@@ -44,6 +44,11 @@ _UNTYPED_KIND: dict[Phase, ErrorKind] = {
 }
 
 
+# A task format's default wall clock adds this to its agent's and verifier's limits: sandbox
+# start, workspace upload, image facts, an install.
+SETUP_MARGIN_S = 300.0
+
+
 @dataclass
 class RolloutSpec:
     """Everything one rollout needs; the caller decides what the workspace and verdict are."""

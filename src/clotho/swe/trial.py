@@ -11,14 +11,13 @@ from pathlib import Path
 from clotho.agent.base import Agent
 from clotho.agent.result import AgentResult
 from clotho.rollout import RolloutSpec, VerifierOutcome
+from clotho.rollout.run import SETUP_MARGIN_S
 from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox
 from clotho.swe.install_cache import InstallCache, install_key, run_install, sandbox_kind
 from clotho.swe.instance import SweInstance, SweOptions
 from clotho.swe.repos import RepoCache
 from clotho.swe.verify import program_baseline, verify_instance
 from clotho.tasks.verify import ProgramDigests
-
-SETUP_MARGIN_S = 300.0
 
 
 def instruction(instance: SweInstance, testbed: str) -> str:

@@ -8,15 +8,13 @@ from typing import Unpack
 from clotho.agent.base import Agent
 from clotho.agent.result import AgentResult
 from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_rollout
+from clotho.rollout.run import SETUP_MARGIN_S
 from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.base import EvalTask, TrialOptions
 from clotho.tasks.environment import environment_spec, upload_workspace
 from clotho.tasks.harbor import Task
 from clotho.tasks.verify import ProgramDigests, program_digests, run_verifier
-
-# Beyond the agent's and the verifier's own limits: sandbox start, workspace, image facts.
-SETUP_MARGIN_S = 300.0
 
 
 class HarborTrial:
