@@ -8,6 +8,8 @@ missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 command -v git >/dev/null 2>&1 || missing+=(git)
+# The verifier's fallback for images whose find is busybox's is tested with busybox itself.
+command -v busybox >/dev/null 2>&1 || missing+=(busybox-static)
 # --network for local sandboxes: user-mode networking, and a rule that keeps the host's own
 # services (the trajectory API on loopback) out of reach.
 command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)

@@ -137,12 +137,6 @@ def test_wilson_interval_at_the_edges(n: int) -> None:
         assert wilson_interval(x, n) == pytest.approx(reference_wilson(x, n), abs=1e-12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runs/metrics.py wilson_interval: centre - half is not exactly 0 at 0/n (0/11 gives "
-    "lo = 2.8e-17 > 0, an interval that leaves out the observed rate) nor 1 at n/n (6/6 gives "
-    "hi = 0.9999999999999999); strict: this fails once the ends are exact, drop the mark then",
-)
 def test_wilson_interval_contains_the_observed_rate_exactly() -> None:
     for n in range(1, 200):
         for x in range(n + 1):

@@ -17,7 +17,10 @@ def wilson_interval(passed: int, n: int, z: float = 1.96) -> tuple[float, float]
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # At 0/n and n/n the bound is exactly the observed rate; rounding must not leave it out.
+    lo = 0.0 if passed == 0 else max(0.0, centre - half)
+    hi = 1.0 if passed == n else min(1.0, centre + half)
+    return (lo, hi)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -62,7 +62,8 @@ function wilson(passed, n, z = 1.96) {
   const p = passed / n, d = 1 + (z * z) / n;
   const centre = (p + (z * z) / (2 * n)) / d;
   const half = (z * Math.sqrt((p * (1 - p)) / n + (z * z) / (4 * n * n))) / d;
-  return [Math.max(0, centre - half), Math.min(1, centre + half)];
+  // At 0/n and n/n the bound is exactly the observed rate; rounding must not leave it out.
+  return [passed === 0 ? 0 : Math.max(0, centre - half), passed === n ? 1 : Math.min(1, centre + half)];
 }
 // Newcombe's hybrid score interval for the difference of two independent proportions.
 function diffInterval(pa, na, pb, nb) {
