@@ -139,7 +139,8 @@ async def test_write_file_outside_writable_areas(
 async def test_existing_host_file_cannot_be_changed(
     bwrap_sandbox: BwrapSandbox, root_mode: str
 ) -> None:
-    host_file = Path(f"/var/tmp/clotho-probe-{secrets.token_hex(8)}")
+    # In a system tree the sandbox sees (/var/tmp, say, is a private tmpfs inside).
+    host_file = Path(f"/usr/share/clotho-probe-{secrets.token_hex(8)}")
     host_file.write_text("original\n")
     try:
         # A root-owned host file is not the sandbox uid's, even through the overlay.

@@ -219,10 +219,8 @@ async def test_digests_see_the_sandbox_files_from_the_host(
         mine = hashlib.sha256(b"sandbox\n").hexdigest()
         assert got[paths[0]] == mine and got[paths[1]] == mine
         assert got["/app/s"] == "link:/etc/shadow"
-        assert (
-            got["/app/up/etc/hostname"]
-            == hashlib.sha256(Path("/etc/hostname").read_bytes()).hexdigest()
-        )
+        inside = await bwrap_sandbox.exec("sha256sum < /etc/hostname")  # the sandbox's own
+        assert got["/app/up/etc/hostname"] == inside.stdout.split()[0]
         assert got["/nothing/here"] is None
         env = hashlib.sha256(Path("/usr/bin/env").read_bytes()).hexdigest()
         assert got["/usr/bin/env"] == env
