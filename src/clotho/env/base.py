@@ -33,6 +33,7 @@ from clotho.env.scored import GroupStats, ScoredGroup
 from clotho.errors import ConfigError
 from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_rollout
 from clotho.sandbox import Sandbox, SandboxConfig
+from clotho.sandbox.backends import missing_extra
 from clotho.sandbox.pool import SlotPool
 from clotho.tools.builtin import default_registry
 from clotho.tools.registry import ToolRegistry
@@ -167,6 +168,9 @@ class Environment(abc.ABC, Generic[Item]):
         the model built (a missing extra says which) and a remote endpoint asked whether it
         answers, so a wrong path, URL or key is one clear error and not a run of infra errors.
         The commands call it after `setup()`."""
+        missing = missing_extra(self.config.sandbox)
+        if missing is not None:
+            raise ConfigError(missing)
         if self.config.tokenizer and self._tokenizer is None:
             self._tokenizer = await asyncio.to_thread(
                 TemplateTokenizer.from_path, self.config.tokenizer

@@ -16,6 +16,7 @@ import abc
 import asyncio
 import contextlib
 import importlib
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +224,32 @@ _LAZY_MODULES = {
     "modal": ("clotho.sandbox.remote.modal_backend",),
     "nomad": ("clotho.sandbox.remote.nomad_backend",),
 }
+
+
+# The extra that brings each lazily loaded backend's SDK.
+_EXTRAS = {"docker": ("aiodocker", "docker"), "ray": ("ray", "ray"), "modal": ("modal", "modal")}
+
+
+def missing_extra(config: SandboxConfig) -> str | None:
+    """What to install for `config`'s backend (a wrapped Ray sandbox's inner one too), when
+    its SDK is not installed: said before a run starts, not as one infra error per rollout."""
+    for backend in {config.backend, getattr(getattr(config, "inner", None), "backend", None)}:
+        sdk, extra = _EXTRAS.get(backend or "", (None, None))
+        if sdk is not None and not _installed(sdk):
+            return (
+                f"the {backend} sandbox backend needs its SDK ({sdk}): "
+                f"pip install 'clotho-rl[{extra}]'"
+            )
+    return None
+
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:  # loaded, or blocked (None: importing it raises)
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _import_all(modules: tuple[str, ...]) -> None:
