@@ -243,10 +243,15 @@ async def _fresh(sandbox: Sandbox, cmd: str, what: str, **kwargs: object) -> str
 
 
 async def _read_reward(sandbox: Sandbox, test_exit: int, output: str) -> tuple[float, dict]:
+    """The one reward of the verification. Both files may be written (Harbor reads
+    reward.json first); when both are, they must agree: a program the tests ran (the agent's
+    own, judged by them) could have written one of them, and two verdicts that differ are
+    not the tests' verdict (`TamperError`), whichever file the forger chose."""
     kinds = dict(
         line.split(" ", 1)
         for line in (await _fresh(sandbox, _INSPECT, "inspect the reward folder")).splitlines()
     )
+    found: dict[str, tuple[float, dict[str, float]]] = {}
     for name in ("reward.json", "reward.txt"):
         kind = kinds.get(name, "missing")
         if kind == "missing":
@@ -258,13 +263,23 @@ async def _read_reward(sandbox: Sandbox, test_exit: int, output: str) -> tuple[f
         text = await _fresh(
             sandbox, f"head -c {REWARD_MAX_BYTES} -- {LOGS_DIR}/{name}", f"read {name}"
         )
-        if name == "reward.json":
-            return parse_reward_json(text)
-        return parse_reward_txt(text), {}
-    raise VerifierError(
-        f"tests/test.sh (exit code {test_exit}) wrote neither {LOGS_DIR}/reward.txt nor "
-        f"reward.json; its output ends with: {output[-500:]!r}"
-    )
+        found[name] = (
+            parse_reward_json(text) if name == "reward.json" else (parse_reward_txt(text), {})
+        )
+    if not found:
+        raise VerifierError(
+            f"tests/test.sh (exit code {test_exit}) wrote neither {LOGS_DIR}/reward.txt nor "
+            f"reward.json; its output ends with: {output[-500:]!r}"
+        )
+    if len(found) == 2 and not math.isclose(
+        found["reward.json"][0], found["reward.txt"][0], rel_tol=1e-9, abs_tol=1e-9
+    ):
+        raise TamperError(
+            f"{LOGS_DIR} holds two rewards that disagree (reward.json "
+            f"{found['reward.json'][0]:g}, reward.txt {found['reward.txt'][0]:g}): a program "
+            "the tests ran wrote one of them; the verdict is not the tests'"
+        )
+    return found.get("reward.json") or found["reward.txt"]
 
 
 async def stop_and_check(sandbox: Sandbox, baseline: ProgramDigests | None) -> None:
