@@ -34,7 +34,7 @@ HOOKS = (
 def trap(repo: Path, marker: Path) -> None:
     """Arm every program-running hook and config key of `repo` to write `marker`."""
     script = repo.parent / f"{repo.name}-trap.sh"
-    script.write_text(f'#!/bin/sh\necho "$(basename "$0") $*" >> {marker}\ncat >/dev/null\n')
+    script.write_text(f'#!/bin/sh\necho "$(basename "$0") $*" >> {marker}\n')
     script.chmod(0o755)
     hooks = git_dir_of(repo) / "hooks"
     hooks.mkdir(exist_ok=True)
@@ -76,6 +76,7 @@ def plain_git(repo: Path, *args: str) -> None:
     subprocess.run(
         ["git", "-C", str(repo), *args],
         capture_output=True,
+        stdin=subprocess.DEVNULL,
         env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": os.devnull},
         check=False,
     )

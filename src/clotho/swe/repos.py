@@ -89,6 +89,7 @@ def git(
         ["git", *_SAFE_ARGS, *map(str, args)],
         cwd=cwd or "/",
         input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,  # never the harness's own
         capture_output=True,
         text=True,
         env={**full, **(env or {})},
