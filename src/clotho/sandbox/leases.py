@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clotho.sandbox import proctree
-from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
+from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX, remove_tree
 
 OWNER = "clotho.owner"
 LEASE_EXPIRES = "clotho.lease-expires"
@@ -106,7 +105,8 @@ def local_records(state_dir: str | None = None) -> list[SandboxRecord]:
 
 def remove_local(record: SandboxRecord) -> None:
     """Kill processes still using the sandbox folder (bwrap's argv names it), end its cgroups
-    (a frozen process ignores SIGKILL until its group is thawed or removed) and delete it."""
+    (a frozen process ignores SIGKILL until its group is thawed or removed) and delete it
+    with `remove_tree`, as closing the sandbox does; raises OSError if something stays."""
     from clotho.sandbox.limits import remove_named
 
     assert record.path is not None
@@ -123,7 +123,7 @@ def remove_local(record: SandboxRecord) -> None:
             proctree.kill_descendants(int(entry))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry), signal.SIGKILL)
-    shutil.rmtree(record.path, ignore_errors=True)
+    remove_tree(record.path)
 
 
 async def docker_records(docker: Any) -> list[SandboxRecord]:
