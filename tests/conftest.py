@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+# Shared helper modules: their asserts are rewritten like a test module's (pytest's messages).
+pytest.register_assert_rewrite("tests.sandbox_fixtures", "tests.support")
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Tests send Ctrl-C (SIGINT) to the commands they start. A shell starts background jobs with
