@@ -20,6 +20,7 @@ from clotho.data import DatasetSource, Record, peek, read_records
 from clotho.data.files import parquet_columns
 from clotho.errors import TaskError, describe_validation_error
 from clotho.swe.install_cache import InstallCacheOptions
+from clotho.swe.log_parsers import get_parser
 
 INSTANCE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -49,6 +50,11 @@ class SweOptions(BaseModel):
     install_cache: InstallCacheOptions = Field(
         default_factory=InstallCacheOptions,
         description="install_cmd runs once per (repo, commit, install_cmd, sandbox kind)",
+    )
+    specs_files: list[str] = Field(
+        default_factory=list,
+        description="repository spec files (JSON or YAML, as clotho/swe/specs/*.json) whose "
+        "entries add to or replace the bundled SWE-bench and SWE-smith specs",
     )
 
     def cache_path(self) -> Path:
@@ -81,7 +87,12 @@ class SweInstance(BaseModel):
     image_name: str | None = None
     image: str | None = None
     install_cmd: str | None = None
-    test_cmd: str | None = None
+    test_cmd: str | None = Field(
+        None,
+        description="runs the tests: with {junit}, outcomes come from the JUnit XML it writes "
+        "there; without, from its output, read by log_parser (SWE-bench style)",
+    )
+    log_parser: str | None = Field(None, description="a name in clotho.swe.log_parsers")
     hints_text: str | None = None
     version: str | None = None
     category: str | None = None
@@ -90,6 +101,16 @@ class SweInstance(BaseModel):
     source: Path | None = Field(None, exclude=True)
 
     _lists = field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")(_test_list)
+
+    @field_validator("log_parser")
+    @classmethod
+    def _log_parser(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                get_parser(value)
+            except KeyError as exc:
+                raise ValueError(exc.args[0]) from None
+        return value
 
     @field_validator("version", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox
 from clotho.swe.install_cache import InstallCache, install_key, run_install, sandbox_kind
 from clotho.swe.instance import SweInstance, SweOptions
 from clotho.swe.repos import RepoCache
+from clotho.swe.specs import ResolvedSpec, missing_image_message, registry
 from clotho.swe.verify import program_baseline, verify_instance
 from clotho.tasks.verify import ProgramDigests
 
@@ -76,8 +77,29 @@ class SweTrial:
     def category(self) -> str:
         return self.instance.repo_category
 
+    @property
+    def spec(self) -> ResolvedSpec | None:
+        """The repository spec the instance's tests run by (None: the record's own command
+        or clotho's runner)."""
+        return registry(self.options.specs_files).resolve(self.instance)
+
+    @property
+    def image(self) -> str | None:
+        """The record's image (`image_name`, as SWE-smith's records and SWE-bench's harness
+        name it), else the one its repository spec names (`sweb.eval.x86_64.<id>`)."""
+        if self.instance.docker_image:
+            return self.instance.docker_image
+        spec = self.spec
+        return spec.image_for(self.instance) if spec is not None else None
+
+    def missing_image(self) -> str:
+        """What to tell the user when `image` is not on this machine: which, and how to
+        get it."""
+        image = self.image or ""
+        return missing_image_message(self.instance, image, self.spec)
+
     def environment_spec(self) -> EnvironmentSpec:
-        return EnvironmentSpec(name=self.name.lower()[:100], image=self.instance.docker_image)
+        return EnvironmentSpec(name=self.name.lower()[:100], image=self.image)
 
     async def prepare(self, sandbox: Sandbox) -> Path:
         """The repository at /testbed (and its dependencies installed): the snapshot of

@@ -27,8 +27,10 @@ from clotho.rollout.outcome import VerifierOutcome
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DEFAULT_PATH
 from clotho.swe.instance import SweInstance, SweOptions
+from clotho.swe.log_parsers import OUTCOME, get_parser
 from clotho.swe.repos import patch_files
-from clotho.swe.runner import outcomes, parse_junit, runner_files
+from clotho.swe.runner import TestCase, outcomes, parse_junit, runner_files
+from clotho.swe.specs import ResolvedSpec, registry
 from clotho.tasks.verify import ProgramDigests, stop_and_check
 
 WORK = "/tmp/clotho-swe"
@@ -58,6 +60,8 @@ PROGRAMS = (
 )
 HARNESS_FILES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg")
 TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+# A spec's command runs as its authors ran it: with the image's pytest plugins.
+LOG_TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def _path_dirs() -> list[str]:
@@ -219,6 +223,108 @@ async def _run_tests(
     return xmls, tails, timed_out
 
 
+def log_command(instance: SweInstance, spec: ResolvedSpec | None) -> str:
+    """The test command of a log-read run: the record's own (its {tests} filled with the
+    listed ids; without {tests}, the spec's arguments, or else the listed ids appended) or
+    the spec's test_cmd and arguments (SWE-bench: the test files of test_patch)."""
+    listed = instance.FAIL_TO_PASS + instance.PASS_TO_PASS
+    ids = " ".join(shlex.quote(t) for t in listed)
+    if instance.test_cmd:
+        if "{tests}" in instance.test_cmd:
+            return instance.test_cmd.replace("{tests}", ids)
+        if spec is None:
+            return f"{instance.test_cmd} {ids}"
+        base = instance.test_cmd
+    else:
+        assert spec is not None
+        base = spec.test_cmd
+    args = spec.arguments(instance)
+    return " ".join([base, *(shlex.quote(a) for a in args)])
+
+
+def _log_script(instance: SweInstance, spec: ResolvedSpec | None, testbed: str) -> str:
+    """Environment (conda's testbed, the spec's eval commands, the install again when the
+    reference harness does it), then the tests with their output in test.log. A `pytest`
+    of our own comes last on PATH, for sandboxes whose image has none."""
+    setup = [spec.activate, *spec.eval_commands] if spec is not None else []
+    if spec is not None and spec.eval_install and spec.install:
+        setup.append(spec.install)
+    body = "\n".join(setup)
+    shim = (
+        "#!/bin/sh\n"
+        f'PYTHONPATH="{WORK}/runner${{PYTHONPATH:+:$PYTHONPATH}}" exec python3 -m pytest "$@"\n'
+    )
+    return f"""D={WORK}
+mkdir -p "$D/bin" && printf '%s' {shlex.quote(shim)} > "$D/bin/pytest" && chmod 755 "$D/bin/pytest"
+export PATH="$PATH:$D/bin"
+{{
+{body}
+:
+}} > "$D/out/setup.log" 2>&1 < /dev/null
+cd -- {shlex.quote(testbed)}
+{log_command(instance, spec)} > "$D/out/test.log" 2>&1 < /dev/null
+echo $? > "$D/out/test.rc"
+"""
+
+
+async def _read_tail(sandbox: Sandbox, path: str, cap: int) -> str | None:
+    """A regular file's last `cap` bytes (a runner's summary is at the end of its log)."""
+    quoted = shlex.quote(path)
+    kind = await _fresh(
+        sandbox,
+        f"if [ -L {quoted} ] || [ ! -f {quoted} ]; then echo no; else echo yes; fi",
+        f"inspect {path}",
+    )
+    if kind.strip() != "yes":
+        return None
+    return await _fresh(
+        sandbox, f"tail -c {cap} -- {quoted}", f"read {path}", max_output_bytes=cap + 1
+    )
+
+
+async def _run_logged(
+    instance: SweInstance,
+    spec: ResolvedSpec | None,
+    sandbox: Sandbox,
+    testbed: str,
+    timeout_s: float,
+) -> tuple[list[TestCase], list[str], bool, str]:
+    """(cases, output tails, timed out, parser) of a run whose outcomes are read from its
+    log by the spec's (or the record's) log parser."""
+    name = instance.log_parser or (spec.log_parser if spec else None) or "pytest"
+    parse = get_parser(name)
+    result = await sandbox.exec_fresh(
+        _log_script(instance, spec, testbed), timeout=timeout_s, env=LOG_TEST_ENV, cwd=testbed
+    )
+    await sandbox.stop_agent()  # whatever the tests started (the agent's code among it)
+    log = await _read_tail(sandbox, f"{WORK}/out/test.log", JUNIT_MAX_BYTES)
+    if log is None:
+        detail = (result.stdout + result.stderr).strip()[-1500:]
+        raise VerifierError(
+            f"the test command left no log (exit code {result.exit_code}): {detail}"
+        )
+    setup = await _read_tail(sandbox, f"{WORK}/out/setup.log", 4000) or ""
+    rc = (await _read_capped(sandbox, f"{WORK}/out/test.rc", 16) or "").strip()
+    found = parse(log)
+    if not found and rc in ("126", "127") and not result.timed_out:
+        raise VerifierError(
+            f"the test command could not run (exit code {rc}): {log.strip()[-1500:]}"
+        )
+    cases = [
+        TestCase(ids={test}, outcome=OUTCOME[status], nodeid=test) for test, status in found.items()
+    ]
+    tails = [f"$ {log_command(instance, spec)}", setup[-2000:], log[-6000:]]
+    return cases, tails, result.timed_out, name
+
+
+def reads_log(instance: SweInstance, spec: ResolvedSpec | None) -> bool:
+    """Outcomes come from the log unless the record's own command writes JUnit XML
+    ({junit}) or, with no command and no spec, clotho's runner does."""
+    if instance.test_cmd:
+        return "{junit}" not in instance.test_cmd
+    return spec is not None
+
+
 def score(
     instance: SweInstance, tests: dict[str, dict[str, str]], reward_mode: str
 ) -> tuple[float, dict[str, float]]:
@@ -241,23 +347,32 @@ async def verify_instance(
 ) -> VerifierOutcome:
     """The instance's verdict on what the agent left at the testbed (module docstring)."""
     testbed = options.testbed
+    spec = registry(options.specs_files).resolve(instance)
     await stop_and_check(sandbox, baseline)
     payload = await asyncio.to_thread(harness_tar, instance, snapshot, restore_list(instance))
     await _fresh(sandbox, _prepare_script(), "prepare the verifier's folder", stdin=payload)
     await _fresh(sandbox, _restore_script(testbed), "restore the test files", timeout=600.0)
     diff = await _read_capped(sandbox, f"{WORK}/out/agent.diff", DIFF_MAX_BYTES) or ""
-    xmls, tails, timed_out = await _run_tests(instance, sandbox, testbed, options.test_timeout_s)
-    if not xmls:  # the runner died before writing its report: no verdict, never a 0
-        raise VerifierError(
-            "the tests wrote no JUnit XML report; their output ends with: "
-            + "\n".join(tails)[-1500:]
+    parser: str | None = None
+    if reads_log(instance, spec):
+        cases, tails, timed_out, parser = await _run_logged(
+            instance, spec, sandbox, testbed, options.test_timeout_s
         )
-    cases = []
-    for xml in xmls:
-        try:
-            cases.extend(parse_junit(xml))
-        except Exception as exc:  # the agent's code ran in the test process: its doing
-            tails.append(f"unreadable JUnit XML: {type(exc).__name__}: {exc}")
+    else:
+        xmls, tails, timed_out = await _run_tests(
+            instance, sandbox, testbed, options.test_timeout_s
+        )
+        if not xmls:  # the runner died before writing its report: no verdict, never a 0
+            raise VerifierError(
+                "the tests wrote no JUnit XML report; their output ends with: "
+                + "\n".join(tails)[-1500:]
+            )
+        cases = []
+        for xml in xmls:
+            try:
+                cases.extend(parse_junit(xml))
+            except Exception as exc:  # the agent's code ran in the test process: its doing
+                tails.append(f"unreadable JUnit XML: {type(exc).__name__}: {exc}")
     tests = outcomes(instance.FAIL_TO_PASS + instance.PASS_TO_PASS, cases)
     if timed_out:
         for entry in tests.values():
@@ -277,6 +392,9 @@ async def verify_instance(
         "diff_truncated": len(diff.encode()) >= DIFF_MAX_BYTES,
         "runner_output": "\n".join(tails)[-8000:],
     }
+    if parser is not None:
+        report["log_parser"] = parser
+        report["spec"] = spec.repo if spec is not None else None
     return VerifierOutcome(
         reward=reward,
         rewards=rewards,
