@@ -20,6 +20,7 @@ import io
 import json
 import shlex
 import tarfile
+from importlib import metadata
 from pathlib import Path
 
 from clotho.errors import VerifierError
@@ -250,9 +251,15 @@ def _log_script(instance: SweInstance, spec: ResolvedSpec | None, testbed: str) 
     if spec is not None and spec.eval_install and spec.install:
         setup.append(spec.install)
     body = "\n".join(setup)
+    # Our copy of pluggy has no dist-info to read its version from: the header asks for it.
+    main = (
+        f"import sys, pluggy, pytest; pluggy.__version__ = {metadata.version('pluggy')!r}; "
+        "sys.exit(pytest.main())"
+    )
     shim = (
         "#!/bin/sh\n"
-        f'PYTHONPATH="{WORK}/runner${{PYTHONPATH:+:$PYTHONPATH}}" exec python3 -m pytest "$@"\n'
+        f'PYTHONPATH="{WORK}/runner${{PYTHONPATH:+:$PYTHONPATH}}" '
+        f'exec python3 -c {shlex.quote(main)} "$@"\n'
     )
     return f"""D={WORK}
 mkdir -p "$D/bin" && printf '%s' {shlex.quote(shim)} > "$D/bin/pytest" && chmod 755 "$D/bin/pytest"
