@@ -38,21 +38,19 @@ def clotho(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def linked_trials(tmp_path: Path) -> tuple[Path, Path]:
-    """(a run whose trials/ is a link to a host folder, that folder's 0600 secret file named
-    as the run's first trial file)."""
+    """(a run whose trials/ is a link to a host folder holding files named as the run's
+    trial files, 0600, the first with a secret in it; that first file)."""
     run = write_run(tmp_path / "run", 3)
-    first = json.loads((run / "results.jsonl").read_text().splitlines()[0])
     host = tmp_path / "host-folder"
-    host.mkdir()
+    (run / "trials").rename(host)
+    (run / "trials").symlink_to(host)
+    first = json.loads((run / "results.jsonl").read_text().splitlines()[0])
     secret = host / first["detail"].removeprefix("trials/")
-    detail = json.loads((run / first["detail"]).read_text())
+    detail = json.loads(secret.read_text())
     detail["agent_result"]["messages"] = [{"role": "user", "content": SECRET}]
     secret.write_text(json.dumps(detail))
-    secret.chmod(0o600)
-    for child in (run / "trials").iterdir():
-        child.unlink()
-    (run / "trials").rmdir()
-    (run / "trials").symlink_to(host)
+    for path in host.iterdir():
+        path.chmod(0o600)
     return run, secret
 
 
