@@ -277,6 +277,35 @@ async def test_a_killed_host_actor_is_replaced_and_what_it_left_is_reaped(
         await pool.release(again)
 
 
+async def test_a_host_that_never_starts_does_not_hold_the_driver_closing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node whose Python hangs importing clotho (a broken install): its host actor never
+    answers. Closing the backend meanwhile cancels the wait for it: it does not sit out the
+    start timeout, nor a shutdown call the actor would never answer."""
+    broken = tmp_path / "site" / "clotho"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("import time\ntime.sleep(10**6)\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken.parent))  # the cluster's processes alone
+    stuck = LocalRayCluster(nodes=1)
+    try:
+        stuck.start()
+        monkeypatch.delenv("PYTHONPATH")
+        backend = RayBackend(RaySandboxConfig(address=stuck.address))
+        waiting = asyncio.ensure_future(backend.hosts())
+        assert await wait_until(lambda: bool(backend._hosts)), "no host actor was started"
+        (host,) = backend._hosts.values()
+        assert host.ready is not None and not host.ready.done()
+        await asyncio.wait_for(backend.aclose(), 120)
+        assert host.ready.cancelled(), "the close waited for the start to time out"
+        assert not host.answered
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+    finally:
+        stuck.stop()
+    assert stuck.leftovers() == []
+
+
 def _slow_task(root: Path, name: str) -> None:
     """A task whose solution says it started, then takes 8 s: long enough to kill a node
     under it."""

@@ -548,10 +548,13 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
             with contextlib.suppress(Exception):
                 await sandbox.close()
         hosts = [h for h in self._hosts.values() if not h.dead]
+        for host in hosts:  # one that never started is not waited for
+            if host.ready is not None and not host.ready.done():
+                host.ready.cancel()
         if hosts:
             ray = _ray()
             await asyncio.gather(
-                *(asyncio.wait_for(self._shutdown(h), 30) for h in hosts),
+                *(asyncio.wait_for(self._shutdown(h), 30) for h in hosts if h.answered),
                 return_exceptions=True,
             )
             for host in hosts:
