@@ -10,18 +10,34 @@ bodies at once cannot multiply the memory.
 Pipe protocol, both ways length-prefixed: request `!QBq` (body length, list or single,
 vocabulary size or -1) then the body; reply `!BQ` (status, payload length) then the payload:
 status 0 = `!I` + JSON `[[size, env_id, length], ...]` + the groups' wire JSON concatenated;
-1 = pydantic's errors as JSON (a 422); 2 = an unexpected error's text.
+1 = pydantic's errors as JSON (a 422); 2 = an unexpected error's text; 3 = `!H` HTTP status
+then the refusal's text (a body over the group budget, or one that needs more memory to
+parse than the child may take).
+
+Bounded whatever the body's shape. Parsed Python objects take far more room than their JSON
+(a 44-byte group became about 9 KB of lists and models: 65 MB of tiny groups took 12.5 GB),
+so: (1) each group in a body counts `GROUP_OVERHEAD_BYTES` against the body limit
+(`max_request_bytes`), checked once the JSON is read and before any group is validated, so a
+body holds at most `max_request_bytes / GROUP_OVERHEAD_BYTES` groups; (2) groups are
+validated one at a time, each model dropped once its wire JSON is made; (3) the kernel caps
+the child's data memory (RLIMIT_DATA) so its resident size stays under
+`parse_memory_limit(max_request_bytes)` = `PARSE_MEMORY_BASE` + `PARSE_MEMORY_MULTIPLE` x the
+body limit: a body that would need more (say, megabytes of nested empty lists) is a 413, or
+at worst a 503 when the child dies, and the next body gets a fresh child.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import resource
 import signal
 import struct
 import sys
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+import pydantic_core
 from pydantic import TypeAdapter, ValidationError
 
 from clotho.env.scored import WIRE_EXCLUDE, ScoredGroup
@@ -32,10 +48,24 @@ try:
 except ImportError:  # optional: pydantic reads and writes JSON too, a little slower
     orjson = None  # type: ignore[assignment]
 
-_REQUEST = struct.Struct("!QBq")
+_REQUEST = struct.Struct("!QBqQ")
 _REPLY = struct.Struct("!BQ")
 _META = struct.Struct("!I")
-OK, INVALID, FAILED = 0, 1, 2
+_STATUS = struct.Struct("!H")
+OK, INVALID, FAILED, REFUSED = 0, 1, 2, 3
+
+GROUP_OVERHEAD_BYTES = 1024
+"""What each group of a body counts against the body limit, over its own bytes."""
+
+PARSE_MEMORY_BASE = 256 << 20
+PARSE_MEMORY_MULTIPLE = 16
+_FILE_BACKED_ROOM = 64 << 20  # the interpreter's and libraries' mapped files, the stack
+
+
+def parse_memory_limit(max_body_bytes: int) -> int:
+    """The parse child's resident memory stays under this, whatever the body holds."""
+    return PARSE_MEMORY_BASE + PARSE_MEMORY_MULTIPLE * max_body_bytes
+
 
 _GROUPS = TypeAdapter(list[ScoredGroup])
 WIRE_FIELDS = tuple(name for name in ScoredGroup.model_fields if name not in WIRE_EXCLUDE)
@@ -49,31 +79,77 @@ class InvalidGroups(Exception):
         self.errors_json = errors_json
 
 
-def parse_groups(body: bytes, *, many: bool, vocab_size: int | None) -> list[QueuedGroup]:
+def parse_groups(
+    body: bytes, *, many: bool, vocab_size: int | None, budget: int | None = None
+) -> list[QueuedGroup]:
     """Validate one group (or a JSON list of them) and keep each as its wire JSON.
 
-    With orjson (the `api` extra) the JSON is read and written by it, about 20% faster than
-    pydantic's own; what orjson refuses (NaN, ints beyond 64 bits, bad JSON) goes through
-    pydantic, which says precisely what is wrong.
+    `budget` (the body limit): a list whose bytes plus `GROUP_OVERHEAD_BYTES` per group
+    exceed it is refused (413) before any group is validated. Groups are validated one at a
+    time, each raw item and model dropped once its wire JSON is made. JSON is read by orjson
+    (the `api` extra) where it can, else by pydantic-core (NaN, ints beyond 64 bits), so the
+    errors are pydantic's either way.
     """
     context = {"vocab_size": vocab_size}
+    data = _loaded(body)
+    if data is _NOT_JSON:  # pydantic says precisely what is wrong, before building anything
+        if many:
+            return [QueuedGroup.of(g) for g in _GROUPS.validate_json(body, context=context)]
+        return [QueuedGroup.of(ScoredGroup.model_validate_json(body, context=context))]
+    if not many:
+        return [_queued(ScoredGroup.model_validate(data, context=context))]
+    if not isinstance(data, list):
+        _GROUPS.validate_python(data, context=context)  # raises: "a valid list"
+        raise AssertionError("unreachable")
+    check_group_budget(len(body), len(data), budget)
+    queued: list[QueuedGroup] = []
+    for i in range(len(data)):
+        item, data[i] = data[i], None
+        try:
+            group = ScoredGroup.model_validate(item, context=context)
+        except ValidationError as exc:
+            raise InvalidGroups(_errors_at(i, exc)) from None
+        del item
+        queued.append(_queued(group))
+    return queued
+
+
+def check_group_budget(body_bytes: int, groups: int, budget: int | None) -> None:
+    """413 for a body whose groups, at `GROUP_OVERHEAD_BYTES` each, exceed the body limit."""
+    if budget is not None and body_bytes + groups * GROUP_OVERHEAD_BYTES > budget:
+        raise Rejected(
+            413,
+            f"{groups} groups in {body_bytes} bytes: each group counts "
+            f"{GROUP_OVERHEAD_BYTES} bytes against the body limit of {budget} bytes "
+            "(clotho api --max-request-mb); send fewer, larger groups per request",
+        )
+
+
+_NOT_JSON = object()
+
+
+def _loaded(body: bytes) -> Any:
     if orjson is not None:
         try:
-            data = orjson.loads(body)
+            return orjson.loads(body)
         except orjson.JSONDecodeError:
-            data = None
-        if data is not None:
-            if many:
-                groups = _GROUPS.validate_python(data, context=context)
-            else:
-                groups = [ScoredGroup.model_validate(data, context=context)]
-            del data
-            return [QueuedGroup(g.size, g.env_id, _wire_bytes(g)) for g in groups]
-    if many:
-        groups = _GROUPS.validate_json(body, context=context)
-    else:
-        groups = [ScoredGroup.model_validate_json(body, context=context)]
-    return [QueuedGroup.of(group) for group in groups]
+            pass
+    try:
+        return pydantic_core.from_json(body, allow_inf_nan=True)
+    except ValueError:
+        return _NOT_JSON
+
+
+def _errors_at(index: int, exc: ValidationError) -> str:
+    """pydantic's errors for list item `index`, located as a whole-list validation does."""
+    errors = json.loads(exc.json(include_url=False, include_input=False))
+    for error in errors:
+        error["loc"] = [index, *error.get("loc", [])]
+    return json.dumps(errors)
+
+
+def _queued(group: ScoredGroup) -> QueuedGroup:
+    return QueuedGroup(group.size, group.env_id, _wire_bytes(group))
 
 
 def _wire_bytes(group: ScoredGroup) -> bytes:
@@ -88,11 +164,24 @@ def _wire_bytes(group: ScoredGroup) -> bytes:
 # --- the child ----------------------------------------------------------------------------
 
 
-def _answer(body: bytes, many: bool, vocab_size: int | None) -> tuple[int, list[bytes]]:
+def _answer(
+    body: bytes, many: bool, vocab_size: int | None, budget: int | None
+) -> tuple[int, list[bytes]]:
     try:
-        groups = parse_groups(body, many=many, vocab_size=vocab_size)
+        groups = parse_groups(body, many=many, vocab_size=vocab_size, budget=budget)
     except ValidationError as exc:
         return INVALID, [exc.json(include_url=False, include_input=False).encode()]
+    except InvalidGroups as exc:
+        return INVALID, [exc.errors_json.encode()]
+    except Rejected as exc:
+        return REFUSED, [_STATUS.pack(exc.status_code), exc.message.encode()]
+    except MemoryError:  # the kernel's cap (RLIMIT_DATA): this child lives on
+        limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
+        message = (
+            f"parsing this body needs more than the {limit} bytes the group parser may use: "
+            "send fewer or smaller groups per request"
+        )
+        return REFUSED, [_STATUS.pack(413), message.encode()]
     except Exception as exc:  # reported to the server as a 500, the child lives on
         return FAILED, [f"{type(exc).__name__}: {exc}".encode()]
     meta = json.dumps([[g.size, g.env_id, len(g.body)] for g in groups]).encode()
@@ -107,16 +196,24 @@ def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
 def main() -> None:
     """Serve requests on stdin until it closes (the server stopped, or died)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server to handle
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--memory-bytes", type=int, default=0)
+    args = parser.parse_args()
+    if args.memory_bytes > 0:  # anonymous memory, brk and mmap alike (Linux >= 4.7)
+        cap = max(args.memory_bytes - _FILE_BACKED_ROOM, PARSE_MEMORY_BASE // 2)
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         header = _read_exactly(stdin, _REQUEST.size)
         if header is None:
             return
-        length, many, vocab_size = _REQUEST.unpack(header)
+        length, many, vocab_size, budget = _REQUEST.unpack(header)
         body = _read_exactly(stdin, length)
         if body is None:
             return
-        status, parts = _answer(body, bool(many), vocab_size if vocab_size >= 0 else None)
+        status, parts = _answer(
+            body, bool(many), vocab_size if vocab_size >= 0 else None, budget or None
+        )
         del body
         stdout.write(_REPLY.pack(status, sum(len(p) for p in parts)))
         for part in parts:
@@ -130,10 +227,13 @@ def main() -> None:
 
 class GroupParser:
     """Parses scored-group bodies: small ones inline, larger than `inline_bytes` in the child
-    process. One per server; `aclose` stops the child."""
+    process. One per server; `aclose` stops the child. With `max_body_bytes` (the server's
+    body limit) groups count against it (`GROUP_OVERHEAD_BYTES` each) and the child's memory
+    is capped at `parse_memory_limit(max_body_bytes)`."""
 
-    def __init__(self, inline_bytes: int) -> None:
+    def __init__(self, inline_bytes: int, max_body_bytes: int | None = None) -> None:
         self.inline_bytes = inline_bytes
+        self.max_body_bytes = max_body_bytes
         self._process: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
 
@@ -145,7 +245,7 @@ class GroupParser:
     async def parse(self, body: bytes, *, many: bool, vocab_size: int | None) -> list[QueuedGroup]:
         """The groups in `body`; raises `InvalidGroups` (a 422) or `Rejected`."""
         if len(body) <= self.inline_bytes:
-            return parse_groups(body, many=many, vocab_size=vocab_size)
+            return parse_groups(body, many=many, vocab_size=vocab_size, budget=self.max_body_bytes)
         async with self._lock:
             return await self._in_child(body, many, vocab_size)
 
@@ -163,6 +263,9 @@ class GroupParser:
             raise
         if status == INVALID:
             raise InvalidGroups(payload.decode())
+        if status == REFUSED:
+            (code,) = _STATUS.unpack_from(payload)
+            raise Rejected(code, payload[_STATUS.size :].decode())
         if status != OK:
             raise Rejected(500, f"parsing the groups failed: {payload.decode()}")
         (meta_length,) = _META.unpack_from(payload)
@@ -179,7 +282,9 @@ class GroupParser:
         """The child, with the request written to it. A child that died before it took the
         request (killed while idle, and not yet reaped) costs nothing: it is replaced once and
         the request goes to the new one. Death after taking it is a 503 (`_in_child`)."""
-        header = _REQUEST.pack(len(body), many, -1 if vocab_size is None else vocab_size)
+        header = _REQUEST.pack(
+            len(body), many, -1 if vocab_size is None else vocab_size, self.max_body_bytes or 0
+        )
         for attempt in range(2):
             process = await self._started()
             assert process.stdin is not None
@@ -203,11 +308,17 @@ class GroupParser:
                 sys.executable,
                 "-m",
                 "clotho.trainers.parse_worker",
+                *self._limit_args(),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 limit=1 << 20,
             )
         return self._process
+
+    def _limit_args(self) -> list[str]:
+        if self.max_body_bytes is None:
+            return []
+        return ["--memory-bytes", str(parse_memory_limit(self.max_body_bytes))]
 
     def _discard(self) -> None:
         process, self._process = self._process, None

@@ -59,9 +59,15 @@ Here (`AccessGuard`):
 `max_request_bytes` is a 413, refused on its `Content-Length` before it is read when it
 says so. Bodies above 1 MiB are decompressed in a worker thread (zlib lets go of the GIL)
 and validated in a child process (`parse_worker.py`), one at a time (so N huge bodies at
-once cannot multiply the memory), while the event loop keeps serving other clients. The queue keeps each group as its JSON (`QueuedGroup`), about a
-tenth of the memory of Python lists, and `/batch` joins those bytes instead of re-encoding;
-large responses are gzipped in a worker thread too.
+once cannot multiply the memory), while the event loop keeps serving other clients. The
+queue keeps each group as its JSON (`QueuedGroup`), about a tenth of the memory of Python
+lists, and `/batch` joins those bytes instead of re-encoding; large responses are gzipped in
+a worker thread too. Whatever the body's shape, memory stays bounded by multiples of the
+body limit: each group counts `GROUP_OVERHEAD_BYTES` (1 KiB) against it (so a list holds at
+most `max_request_bytes / 1 KiB` groups), and the parse child's memory is capped by the
+kernel at `parse_memory_limit` = 256 MiB + 16 x `max_request_bytes` (`parse_worker.py`).
+gzip is decoded in linear time (`gunzip`: at most `MAX_GZIP_MEMBERS` members, zlib fed
+slices of a memoryview, never the whole rest of the body per member).
 
 Other differences, all explicit: groups with a NaN or infinite float, or token ids below 0
 or at or above the vocabulary size (`vocab_size`, from the server's settings or the trainer's
@@ -70,9 +76,12 @@ not line up (upstream queues them and the trainer crashes later); groups smaller
 than the environment's declared size are queued directly rather than held in upstream's
 "buffered" side list (that list existed to feed the power-of-two packer; groups larger than
 declared were stranded there forever); a second `/register` with a different `batch_size`
-is a 409 instead of being silently ignored; `register-env` with `group_size` above the
-batch size is a 422; `--batch-size` presets the batch shape so environments can register
-before any trainer does.
+is a 409 instead of being silently ignored, once anything depends on the first (see
+`ApiState.register`: until then the later registration replaces it, so whoever registered
+first cannot lock the real trainer out); a `batch_size` above `max_batch_size` is a 422;
+`register-env` with `group_size` above the batch size is a 422; `--batch-size` presets the
+batch shape so environments can register before any trainer does (and then no registration
+can change it).
 """
 
 from __future__ import annotations
@@ -89,6 +98,7 @@ import logging
 import socket
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -234,20 +244,64 @@ class _TooLarge(Exception):
     pass
 
 
-def gunzip(data: bytes, limit: int) -> bytes:
-    """Decompress (possibly multi-member) gzip, refusing output beyond `limit` bytes."""
+class _TooManyMembers(Exception):
+    pass
+
+
+GZIP_SLICE_BYTES = 64 << 10
+"""zlib gets the body in slices this large (views, not copies)."""
+
+MAX_GZIP_MEMBERS = 64
+"""More gzip members than this in one body is a 400 (clients send one)."""
+
+
+@dataclass
+class GunzipWork:
+    """What a `gunzip` call cost: decoders made, and bytes handed to zlib (leftovers of a
+    member that ended are handed again to the next decoder, so count them twice)."""
+
+    decoders: int = 0
+    bytes_fed: int = 0
+
+
+def gunzip(data: bytes, limit: int, work: GunzipWork | None = None) -> bytes:
+    """Decompress (possibly multi-member) gzip, refusing output beyond `limit` bytes and more
+    than `MAX_GZIP_MEMBERS` members.
+
+    Work is linear in the body: zlib is fed slices of `GZIP_SLICE_BYTES` of a memoryview, so
+    when a member ends only the rest of its slice is copied (zlib's `unused_data`) and handed
+    to the next member's decoder. Handing it the whole remaining body instead (as before)
+    copied the body once per member: 7 MB of empty members took minutes."""
+    work = work if work is not None else GunzipWork()
+    view = memoryview(data)
     out: list[bytes] = []
-    total = 0
-    while data:
-        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        chunk = decoder.decompress(data, limit - total + 1)
+    total = offset = members = 0
+    decoder: Any = None
+    leftover = b""
+    while leftover or offset < len(view):
+        if decoder is None:
+            members += 1
+            if members > MAX_GZIP_MEMBERS:
+                raise _TooManyMembers
+            decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            work.decoders += 1
+        piece: bytes | memoryview
+        if leftover:
+            piece, leftover = leftover, b""
+        else:
+            piece = view[offset : offset + GZIP_SLICE_BYTES]
+            offset += len(piece)
+        work.bytes_fed += len(piece)
+        chunk = decoder.decompress(piece, limit - total + 1)
         total += len(chunk)
         out.append(chunk)
-        if total > limit:
+        if total > limit:  # also the only way zlib keeps input back (unconsumed_tail)
             raise _TooLarge
-        if not decoder.eof:
-            raise zlib.error("truncated gzip stream")
-        data = decoder.unused_data
+        if decoder.eof:
+            leftover = decoder.unused_data
+            decoder = None
+    if decoder is not None:
+        raise zlib.error("truncated gzip stream")
     return b"".join(out)
 
 
@@ -295,6 +349,10 @@ class RequestBody(_HttpMiddleware):
                     body = gunzip(body, self.max_bytes)
             except _TooLarge:
                 await _too_large(self.max_bytes)(scope, receive, send)
+                return
+            except _TooManyMembers:
+                message = f"gzip body of more than {MAX_GZIP_MEMBERS} members refused"
+                await PlainTextResponse(message, 400)(scope, receive, send)
                 return
             except zlib.error:
                 await PlainTextResponse("Invalid gzip payload", 400)(scope, receive, send)
@@ -504,7 +562,7 @@ def create_app(state: ApiState, parser: GroupParser | None = None) -> Starlette:
             allow_headers=["Authorization", "Content-Type", "Content-Encoding"],
         )
         middleware.insert(0, cors)
-    parser = parser or GroupParser(inline_bytes=OFF_LOOP_BYTES)
+    parser = parser or GroupParser(OFF_LOOP_BYTES, settings.max_request_bytes)
     return Starlette(routes=_Routes(state, parser).table(), middleware=middleware)
 
 
@@ -535,7 +593,7 @@ class ApiServer:
         access_log: bool = False,
     ) -> None:
         self.state = ApiState(settings)
-        self.parser = GroupParser(inline_bytes=OFF_LOOP_BYTES)
+        self.parser = GroupParser(OFF_LOOP_BYTES, self.state.settings.max_request_bytes)
         self.host = host
         self.port = port
         self.access_log = access_log

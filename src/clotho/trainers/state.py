@@ -64,6 +64,11 @@ class ApiSettings(BaseModel):
     vocab_size: int | None = Field(
         None, gt=0, description="token ids at or above it are refused (else: the trainer's)"
     )
+    max_batch_size: int = Field(
+        1 << 16,
+        ge=1,
+        description="largest batch_size a trainer may register (sequences); above: 422",
+    )
     min_allocation_wait_s: float = Field(
         5.0,
         ge=0,
@@ -125,6 +130,7 @@ class ApiState:
         self.trainer_registered = False
         self.started = False
         self.step = 0
+        self.batches_served = 0
         self.queue: list[QueuedGroup] = []
         self.envs: list[EnvRecord] = []
         self.latest: QueuedGroup | None = None
@@ -144,12 +150,41 @@ class ApiState:
             self.started = True
 
     def register(self, registration: Registration) -> int:
-        """A trainer registers. The first one sets the batch shape; a later one must match it."""
+        """A trainer registers. The first one sets the batch shape; a later one must match it
+        once anything depends on that shape, else 409.
+
+        Squatting is harmless: a token holder (an environment, a tool such as upstream's
+        sft-gen) that registered first with another shape is replaced by the later
+        registration as long as nothing depends on the shape yet, i.e. no batch served, no
+        environment registered, no group queued, and no preset (`--batch-size`: then the
+        operator's shape holds against every registration). A `batch_size` above
+        `max_batch_size` is refused outright. A token holder that wants to disrupt training
+        can already `/reset_data`; this only stops a stray registration from locking the
+        real trainer out.
+        """
+        limit = self.settings.max_batch_size
+        if registration.batch_size > limit:
+            raise Rejected(
+                422,
+                f"batch_size {registration.batch_size} is above the server's limit of {limit} "
+                "sequences (ApiSettings.max_batch_size)",
+            )
         current = self.registration
         if current is not None and (
             registration.batch_size != current.batch_size
             or (current.max_token_len != -1 and registration.max_token_len != current.max_token_len)
         ):
+            if not self._shape_in_use():
+                log.warning(
+                    "registration with batch_size=%d replaces batch_size=%d: nothing used it yet",
+                    registration.batch_size,
+                    current.batch_size,
+                )
+                self.registration = registration
+                self.trainer_registered = True
+                self.step = registration.starting_step
+                self.requesters.append(uuid.uuid4().int)
+                return self.requesters[-1]
             raise Rejected(
                 409,
                 f"already registered with batch_size={current.batch_size}, "
@@ -162,6 +197,16 @@ class ApiState:
                 self.step = registration.starting_step
         self.requesters.append(uuid.uuid4().int)
         return self.requesters[-1]
+
+    def _shape_in_use(self) -> bool:
+        """Whether anything was built on the registered batch shape: a preset, a batch served,
+        an environment registered, a group queued (checked against the batch size)."""
+        return (
+            self.settings.batch_size is not None
+            or self.batches_served > 0
+            or bool(self.envs)
+            or bool(self.queue)
+        )
 
     @property
     def vocab_size(self) -> int | None:
@@ -240,6 +285,7 @@ class ApiState:
         batch = [self.queue[i] for i in picked]
         self.queue = [g for i, g in enumerate(self.queue) if i not in chosen]
         self.step += 1
+        self.batches_served += 1
         return batch
 
     # --- environments -------------------------------------------------------------------
