@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import signal
+import struct
+import termios
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from tests.test_trainers_api import Rig, env, slow_and_busy
+from tests.support import wait_until
+from tests.test_trainers_api import Clock, Rig, env, slow_and_busy
 from tests.test_trainers_support import check_batch, make_group
 
 from clotho.errors import ConfigError, TrainerError
@@ -241,24 +245,28 @@ async def test_groups_with_nan_scores_or_ids_outside_the_vocabulary_are_422(rig:
 async def test_a_slow_env_minimum_holds_a_batch_back_only_briefly(rig: Rig) -> None:
     """Before: a live env with a minimum and nothing queued held every batch back for as
     long as it stayed alive (a slow agentic env, or a crashed one for env_timeout_s=120 s):
-    8 sequences of another env sat in the queue and the trainer got nothing."""
-    server = await rig.server(min_allocation_wait_s=0.6)
+    8 sequences of another env sat in the queue and the trainer got nothing.
+
+    The server's clock is the test's: the batch is held for exactly the configured wait as
+    the server measures it, however slowly this machine runs."""
+    clock = Clock()
+    server = await rig.server(clock=clock, min_allocation_wait_s=5)
     trainer = await rig.trainer(server, batch_size=8)
     slow, busy = await slow_and_busy(rig, server, minimum=0.5)
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    assert await trainer.batch() is None  # the minimum holds it back, for a while
-    batch = await trainer.pull(timeout_s=5)
-    waited = loop.time() - start
-    assert 0.5 <= waited < 3, waited
+    assert await trainer.batch() is None  # the minimum holds it back: the wait starts
+    clock.advance(4.5)
+    assert await trainer.batch() is None  # ... for the whole wait
+    clock.advance(0.5)
+    batch = await trainer.batch()  # ... and no longer
+    assert batch is not None
     assert [g["tokens"][0][0] for g in batch] == [1, 2]
 
-    # When the slow env has a group, it goes first, ahead of older groups, with no wait.
+    # When the slow env has a group, it goes first, ahead of older groups, with no wait:
+    # the first /batch after it arrived serves it, the server's clock unmoved.
     await busy.send_groups([make_group(4, marker=3), make_group(4, marker=4)])
     await slow.send_group(make_group(4, marker=9))
-    start = loop.time()
-    batch = await trainer.pull(timeout_s=5)
-    assert loop.time() - start < 0.5
+    batch = await trainer.batch()
+    assert batch is not None
     assert sorted(g["tokens"][0][0] for g in batch) == [3, 9]
 
 
@@ -309,10 +317,12 @@ async def test_a_large_body_is_parsed_in_a_child_while_others_are_served(rig: Ri
         response = await http.post("/scored_data_list", json=[beyond, beyond])
         assert response.status_code == 422 and "(size 100000)" in response.text
 
+        assert _bytes_waiting_in_stdin(child) == 0  # it read all of the bodies before
         os.kill(child, signal.SIGSTOP)  # the child is busy parsing for as long as it likes
         try:
             posting = asyncio.create_task(http.post("/scored_data", content=body))
-            await asyncio.sleep(0.3)
+            # The body went to the child, which cannot read it: the request waits on it.
+            assert await wait_until(lambda: _bytes_waiting_in_stdin(child) > 0)
             async with httpx.AsyncClient(base_url=server.url) as other:  # served meanwhile
                 for _ in range(3):
                     assert (await other.get("/status")).json()["queue_size"] == 0
@@ -329,10 +339,24 @@ async def test_a_large_body_is_parsed_in_a_child_while_others_are_served(rig: Ri
 
     await server.stop()
     assert server.parser.pid is None
-    with pytest.raises(ProcessLookupError):
-        for _ in range(100):  # reaped: the pid is gone soon after
+
+    def reaped() -> bool:  # not even a zombie: the pid is free
+        try:
             os.kill(child, 0)
-            await asyncio.sleep(0.05)
+        except ProcessLookupError:
+            return True
+        return False
+
+    assert await wait_until(reaped)
+
+
+def _bytes_waiting_in_stdin(pid: int) -> int:
+    """Bytes written to the process's stdin pipe that it has not read yet."""
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+    finally:
+        os.close(fd)
 
 
 async def test_a_dead_parser_child_is_a_503_and_replaced(rig: Rig) -> None:
