@@ -99,6 +99,30 @@ async def test_many_tiny_groups_stay_within_the_documented_multiple() -> None:
             await trainer.aclose()
 
 
+async def test_a_body_of_nested_empty_lists_meets_the_kernel_cap() -> None:
+    """One group whose message carries millions of `[]` (3 bytes of JSON, ~60 bytes as a
+    Python list): no group count to refuse, so the kernel's cap on the child stops it. The
+    answer is a 413, the child's peak is under the documented limit, and it serves on."""
+    cap = 24 << 20
+    async with served(max_request_bytes=cap, batch_size=4) as (server, http):
+        lists = b"[" + b",".join([b"[]"] * ((cap - (1 << 20)) // 3)) + b"]"
+        body = TINY[:-1] + b',"messages":[[{"role":"user","content":"x","x":' + lists + b"}]]}"
+        assert len(body) < cap
+        response = await http.post("/scored_data", content=body)
+        assert response.status_code == 413, response.text
+        assert "needs more than" in response.text
+        pid = server.parser.pid
+        assert pid is not None
+        peak = proc_status_kib(pid, "VmHWM:") * 1024
+        assert peak < parse_memory_limit(cap), f"{peak >> 20} MiB"
+        groups = [make_group(4, marker=m, completion_len=400) for m in range(60)]
+        body = b"[" + b",".join(g.wire_json() for g in groups) + b"]"
+        assert len(body) > 1 << 20  # through the child again
+        response = await http.post("/scored_data_list", content=body)
+        assert response.json() == {"status": "received", "groups_processed": 60}
+        assert server.parser.pid == pid
+
+
 async def test_group_budget_holds_for_small_bodies_parsed_in_the_server() -> None:
     """Bodies under 1 MiB are parsed in the server's own process: the budget holds there
     too, and an invalid group is located by its index in the list, as before."""

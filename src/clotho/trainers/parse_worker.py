@@ -175,7 +175,9 @@ def _answer(
         return INVALID, [exc.errors_json.encode()]
     except Rejected as exc:
         return REFUSED, [_STATUS.pack(exc.status_code), exc.message.encode()]
-    except MemoryError:  # the kernel's cap (RLIMIT_DATA): this child lives on
+    except (MemoryError, SystemError) as exc:  # the kernel's cap (RLIMIT_DATA); lives on
+        if not _out_of_memory(exc):
+            return FAILED, [f"{type(exc).__name__}: {exc}".encode()]
         limit = resource.getrlimit(resource.RLIMIT_DATA)[0]
         message = (
             f"parsing this body needs more than the {limit} bytes the group parser may use: "
@@ -186,6 +188,16 @@ def _answer(
         return FAILED, [f"{type(exc).__name__}: {exc}".encode()]
     meta = json.dumps([[g.size, g.env_id, len(g.body)] for g in groups]).encode()
     return OK, [_META.pack(len(meta)), meta, *(g.body for g in groups)]
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """MemoryError, or an extension's SystemError raised while one was pending (orjson)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, MemoryError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
