@@ -324,13 +324,13 @@ async def run_sandbox_bench(
     n_latency = 100 if quick else 300
     n_total = 2000 if quick else 10000
     progress("cold start")
-    cold = await _cold_start(config, 5 if quick else 15)
+    cold = await _cold_start(config, 3 if quick else 15)
     progress("warm exec latency")
     sandbox = await open_sandbox(config)
     try:
         p50, p95 = await latency_ms(lambda: _ours(sandbox), n_latency)
         progress("reset of a 1000-file git workspace")
-        reset = await _reset(sandbox, 10 if quick else 20)
+        reset = await _reset(sandbox, 3 if quick else 20)
     finally:
         await sandbox.close()
     progress("memory per idle sandbox and throughput with 32 callers")
@@ -351,8 +351,10 @@ async def run_sandbox_bench(
         if backend == "docker":
             progress("baseline: docker exec through the Engine API")
             containers = [s.container for s in many]  # type: ignore[attr-defined]
-            b50, b95 = await latency_ms(_docker_exec(containers[0]), 30 if quick else 100, warmup=5)
-            brate = await throughput([_docker_exec(c) for c in containers], 128 if quick else 320)
+            b50, b95 = await latency_ms(
+                _docker_exec(containers[0]), 10 if quick else 100, warmup=2 if quick else 5
+            )
+            brate = await throughput([_docker_exec(c) for c in containers], 32 if quick else 320)
             baseline["docker exec (Engine API)"] = BaselineFigures(
                 warm_exec_p50_ms=b50, warm_exec_p95_ms=b95, throughput_32_per_s=brate
             )
@@ -371,8 +373,8 @@ async def run_sandbox_bench(
             warm_exec_p50_ms=w50, warm_exec_p95_ms=w95, throughput_32_per_s=wrate, cold_start_ms=w50
         )
     progress("replacement, pool acquire")
-    replace = await _replace(config, 5 if quick else 10)
-    acquire = await _acquire(config, 8 if quick else 20)
+    replace = await _replace(config, 3 if quick else 10)
+    acquire = await _acquire(config, 4 if quick else 20)
     slot_figures = None
     if slots > 1:
         progress(f"{slots} slots per container")
