@@ -103,19 +103,27 @@ def test_slots_need_the_docker_backend() -> None:
     assert "Traceback" not in proc.stderr
 
 
-# 31 callers start processes without a pause while a 32nd fails.
+# 31 callers start processes without a pause; a 32nd fails once they have started 64, so
+# others are being started when it does.
 FAILING_CALLER = r"""
 import asyncio
 from clotho.bench.stats import throughput
 
+spawned = 0
+busy = asyncio.Event()
+
 async def spawn() -> None:
+    global spawned
     proc = await asyncio.create_subprocess_exec(
         "true", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
+    spawned += 1
+    if spawned >= 64:
+        busy.set()
     await proc.communicate()
 
 async def failing() -> None:
-    await asyncio.sleep(0.3)
+    await busy.wait()
     raise RuntimeError("boom")
 
 asyncio.run(throughput([spawn] * 31 + [failing], 10**9))
