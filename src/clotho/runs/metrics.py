@@ -70,11 +70,14 @@ def compute_metrics(records: Iterable[TrialRecord], attempts: int = 1) -> RunMet
     by_cat: dict[str, list[TrialRecord]] = defaultdict(list)
     for r in scored:
         by_cat[r.category].append(r)
-    rewards = [r.reward for r in scored if r.reward is not None]
+    # One reading of an outcome for both figures: a scored failure is a 0 here as it is a
+    # failure in the pass rate (and a 0 in training); unscored attempts are in neither.
+    rewards = [r.score for r in scored if r.score is not None]
     metrics = RunMetrics(
         pass_rate=n_passed / len(scored) if scored else None,
         pass_rate_ci95=wilson_interval(n_passed, len(scored)),
         mean_reward=sum(rewards) / len(rewards) if rewards else None,
+        mean_reward_n=len(rewards),
         n_tasks=len({r.task for r in final}),
         n_attempts=len(final),
         n_scored=len(scored),

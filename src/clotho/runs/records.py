@@ -92,6 +92,17 @@ class TrialRecord(BaseModel):
         """Counted in the pass rate: no error, or one that says something about the agent."""
         return self.error is None or self.error.scored
 
+    @property
+    def score(self) -> float | None:
+        """The reward the mean reward counts, read as training reads an outcome
+        (`RolloutOutcome.training_score`): the verifier's reward, 0 for a scored failure
+        (tamper, agent, limit, verifier); None for an attempt left out (infra, task, config)."""
+        if not self.scored:
+            return None
+        if self.error is None and self.reward is not None:
+            return self.reward
+        return 0.0
+
     @classmethod
     def from_outcome(
         cls, outcome: RolloutOutcome, *, task: str, category: str, attempt: int, agent: str
@@ -149,7 +160,16 @@ class RunMetrics(BaseModel):
         description="passed / scored attempts (infra and task errors excluded)"
     )
     pass_rate_ci95: tuple[float, float] | None = None
-    mean_reward: float | None = None
+    mean_reward: float | None = Field(
+        None,
+        description="mean of `TrialRecord.score` over the scored attempts (the pass rate's "
+        "denominator): a scored failure counts as 0, infra/task/config errors are left out",
+    )
+    mean_reward_n: int | None = Field(
+        None,
+        description="attempts the mean reward averages (n_scored); None in metrics written "
+        "before it was recorded, whose mean left scored failures out: read them again",
+    )
     n_tasks: int
     n_attempts: int
     n_scored: int
@@ -160,5 +180,17 @@ class RunMetrics(BaseModel):
     duration_s: float | None = None
     timings: dict[str, TimingStats] = Field(
         default_factory=dict, description="per phase (acquire_s, agent_s, ...) over attempts"
+    )
+    complete: bool | None = Field(
+        None,
+        description="True: every planned attempt ran; False: the run was stopped (Ctrl-C, a "
+        "signal, a crash) and `clotho eval --resume` completes it; None: written before this "
+        "was recorded (read as finished, as it was then)",
+    )
+    n_planned: int | None = Field(
+        None, description="attempts the run has in all (tasks x attempts); None: not recorded"
+    )
+    n_finished: int | None = Field(
+        None, description="of `n_planned`, the attempts with a result; None: not recorded"
     )
     extra: dict[str, Any] = Field(default_factory=dict)
