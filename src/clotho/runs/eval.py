@@ -120,16 +120,25 @@ async def run_eval(
         labels={"clotho.run": f"{out_dir.name}-{secrets.token_hex(3)}"},
     )
     client: Model | None = None
+    complete = False
     try:
         async with pool:
             agent, client = await build_agent(config)
             await _run_pending(config, plan, pool, agent, recorder)
+        complete = True
     finally:
         if client is not None:
             await client.aclose()
         records = await asyncio.to_thread(store.load_records)
         metrics = compute_metrics(records, config.attempts)
         metrics.duration_s = round(time.perf_counter() - started, 3)
+        # Stopped (Ctrl-C, a signal, an exception): said so, with how far it got, so that
+        # nobody reads the attempts that never ran as a finished run's.
+        done = {r.key for r in records}
+        left = sum(1 for task, attempt in plan.pending if (task.name, attempt) not in done)
+        metrics.complete = complete and left == 0
+        metrics.n_planned = plan.total
+        metrics.n_finished = plan.total - left
         store.write_metrics(metrics)
     return metrics
 
