@@ -43,8 +43,16 @@ def _plain(sources: list[Source]) -> str:
         if isinstance(s, RunSource):
             m = s.summary()
             rate = "-" if m["pass_rate"] is None else f"{100 * m['pass_rate']:.1f}%"
+            stopped = ""
+            if m["status"] == "stopped":
+                planned = m["n_planned"]
+                stopped = (
+                    f" (stopped: {m['n_finished']} of {planned} attempts)"
+                    if planned
+                    else " (stopped)"
+                )
             out.append(
-                f"<li>run {html.escape(s.path.name)}: pass rate {rate}, "
+                f"<li>run {html.escape(s.path.name)}{stopped}: pass rate {rate}, "
                 f"{m['n_passed']}/{m['n_scored']} passed, {m['n']} attempts</li>"
             )
         elif isinstance(s, GroupsSource):

@@ -164,6 +164,48 @@ def add_pieces(sequences: list[dict[str, Any]], pieces: Pieces | None) -> None:
             seq["pieces"] = pieces(ids)
 
 
+def tool_text(content: Any) -> str | None:
+    """A tool message's content as the text it carries, when it is JSON-encoded: a JSON
+    string decoded, or a tool's JSON object (`{"output": ..., "exit_code": ...}`, as the
+    terminal tool and the oracle write it) as its output followed by its other fields, so
+    newlines are real ones. None when the content is no such JSON (shown as it is)."""
+    if not isinstance(content, str) or not content.lstrip().startswith(("{", '"')):
+        return None
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return None
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, dict):
+        return None
+    parts: list[str] = []
+    output = value.get("output")
+    if isinstance(output, str):
+        parts.append(output.rstrip("\n"))
+    for key, field_value in value.items():
+        if key == "output" and isinstance(output, str):
+            continue
+        if isinstance(field_value, str):
+            shown = field_value if "\n" not in field_value else "\n" + field_value
+        else:
+            shown = json.dumps(field_value, ensure_ascii=False)
+        parts.append(f"{key}: {shown}")
+    return "\n".join(parts)
+
+
+def add_tool_texts(messages: Any) -> None:
+    """Each tool message whose content is JSON gets `content_text`, what the page shows
+    (as text, escaped; the content itself stays as recorded)."""
+    if not isinstance(messages, list):
+        return
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "tool":
+            shown = tool_text(message.get("content"))
+            if shown is not None:
+                message["content_text"] = shown
+
+
 def _read_json(root: Path, rel: str) -> dict[str, Any] | None:
     """The JSON object in the regular file `rel` inside `root`; None for anything else."""
     try:
@@ -247,13 +289,36 @@ class RunSource:
             return self._metrics
 
     def _saved_metrics(self) -> RunMetrics | None:
+        if self._metrics_stale():
+            return None
         try:
-            saved = files.stat_file(self.path, "metrics.json")
-            if saved.st_mtime < files.stat_file(self.path, "results.jsonl").st_mtime:
-                return None
-            return RunMetrics.model_validate_json(files.read_file(self.path, "metrics.json"))
+            saved = RunMetrics.model_validate_json(files.read_file(self.path, "metrics.json"))
         except (OSError, ValidationError):
             return None
+        if saved.mean_reward_n is None:
+            # Written before the mean reward counted scored failures as 0: read it again
+            # from the records, so that it and the pass rate are over the same attempts.
+            computed = self._computed_metrics()
+            saved.mean_reward, saved.mean_reward_n = computed.mean_reward, computed.mean_reward_n
+        return saved
+
+    def _metrics_stale(self) -> bool:
+        """metrics.json is missing or older than results.jsonl (a resumed run appends)."""
+        try:
+            saved = files.stat_file(self.path, "metrics.json")
+            return saved.st_mtime < files.stat_file(self.path, "results.jsonl").st_mtime
+        except OSError:
+            return True
+
+    def _status(self, done: dict[str, Any] | None) -> str:
+        """ "running" (no metrics.json yet, or a resumed run writing after it), "stopped"
+        (the run says it did not finish), else "finished" (also a run written before
+        `complete` was recorded: it was read as finished then)."""
+        if done is None:
+            return "running"
+        if done.get("complete") is False:
+            return "running" if self._metrics_stale() else "stopped"
+        return "finished"
 
     def _computed_metrics(self) -> RunMetrics:
         records = self.records
@@ -280,6 +345,7 @@ class RunSource:
         ]
         ends = [end for end in ends if end]
         done = _read_json(self.path, "metrics.json")
+        status = self._status(done)
         agent = self.lines[0].get("agent") if self.lines else None
         return {
             "id": self.id,
@@ -297,8 +363,12 @@ class RunSource:
             "n_passed": metrics.n_passed,
             "n_tasks": metrics.n_tasks,
             "errors": metrics.errors,
+            "mean_reward_n": metrics.mean_reward_n,
             "wall_s": (done or {}).get("duration_s") or (max(ends) - min(starts) if ends else None),
-            "finished": done is not None,
+            "finished": status == "finished",
+            "status": status,
+            "n_planned": (done or {}).get("n_planned"),
+            "n_finished": (done or {}).get("n_finished"),
             "version": self.version,
         }
 
@@ -339,6 +409,7 @@ class RunSource:
                 data["record"] = out["record"]  # the line is what was finally recorded
                 out = data
         out["run"] = self.path.name
+        add_tool_texts((out.get("agent_result") or {}).get("messages"))
         sequences = (out.get("agent_result") or {}).get("sequences") or []
         if sequences:
             add_pieces(sequences, pieces_for(self.tokenizer_path()))
@@ -419,6 +490,8 @@ class GroupsSource:
         if not 0 <= index < len(self.groups):
             return None
         group = {"index": index, **self.groups[index]}
+        for messages in group.get("messages") or []:
+            add_tool_texts(messages)
         pieces = pieces_for(self.tokenizer)
         if pieces is not None:
             group["pieces"] = [pieces(ids) for ids in group.get("tokens") or []]

@@ -47,6 +47,20 @@ function errorChips(errors) {
   if (!kinds.length) return '<span class="muted">none</span>';
   return kinds.map(([k, n]) => `<span class="chip err-${esc(k)}">${esc(k)} ${n}</span>`).join(" ");
 }
+// How a run ended: still running, stopped before every planned attempt ran, or finished.
+function statusChip(r) {
+  const status = r.status || (r.finished ? "finished" : "running");
+  if (status === "running") return ' <span class="chip live">running</span>';
+  if (status === "stopped") {
+    const of = r.n_planned != null ? `: ${r.n_finished ?? "?"} of ${r.n_planned} attempts` : "";
+    return ` <span class="chip stopped" title="stopped before it finished; clotho eval --resume completes it">stopped${esc(of)}</span>`;
+  }
+  return "";
+}
+function meanOver(r) {
+  const n = r.mean_reward_n ?? r.n_scored;
+  return `mean reward over ${n} scored trial${n === 1 ? "" : "s"}`;
+}
 function crumbs(parts) {
   $("#crumbs").innerHTML = parts
     .map(([label, href]) => (href ? `<a href="${href}">${esc(label)}</a>` : `<span>${esc(label)}</span>`))
@@ -128,7 +142,7 @@ async function runsView() {
     for (const r of runs) {
       html += `<tr class="run-row" data-id="${esc(r.id)}">
         <td><input type="checkbox" class="pick" value="${esc(r.id)}" aria-label="compare"></td>
-        <td><a href="#/run/${esc(r.id)}">${esc(r.name)}</a>${r.finished ? "" : ' <span class="chip live">running</span>'}</td>
+        <td><a href="#/run/${esc(r.id)}">${esc(r.name)}</a>${statusChip(r)}</td>
         <td>${date(r.date)}</td><td>${esc(r.agent || "")}${r.model ? " / " + esc(r.model) : ""}</td>
         <td class="num rate">${pct(r.pass_rate)}</td><td class="num">${ci(r.ci95)}</td>
         <td class="num">${r.n_passed}/${r.n_scored} <span class="muted">(${r.n} attempts)</span></td>
@@ -150,7 +164,7 @@ async function runsView() {
   }
   if (!sources.length) html += `<p class="muted">No run directories or group files here.</p>`;
   app.innerHTML = html;
-  if (!EXPORT && runs.some((r) => !r.finished)) {
+  if (!EXPORT && runs.some((r) => (r.status || (r.finished ? "finished" : "running")) === "running")) {
     const seq = routeSeq;
     pollTimer = setInterval(polled(async () => {
       const fresh = await api("/api/runs");
@@ -159,8 +173,8 @@ async function runsView() {
         const tr = app.querySelector(`tr.run-row[data-id="${r.id}"]`);
         if (!tr) continue;
         const cells = tr.children;
-        cells[1].querySelector(".live")?.remove();
-        if (!r.finished && !cells[1].querySelector(".live")) cells[1].insertAdjacentHTML("beforeend", ' <span class="chip live">running</span>');
+        cells[1].querySelectorAll(".live, .stopped").forEach((el) => el.remove());
+        cells[1].insertAdjacentHTML("beforeend", statusChip(r));
         cells[4].innerHTML = pct(r.pass_rate);
         cells[5].innerHTML = ci(r.ci95);
         cells[6].innerHTML = `${r.n_passed}/${r.n_scored} <span class="muted">(${r.n} attempts)</span>`;
@@ -214,7 +228,7 @@ async function runView(id, seq) {
   if (seq !== routeSeq) return;
   const s = st.overview.summary;
   crumbs([["runs", "#/"], [s.name]]);
-  app.innerHTML = `<h1>${esc(s.name)}</h1><section id="run-summary"></section>
+  app.innerHTML = `<h1>${esc(s.name)}<span id="run-status">${statusChip(s)}</span></h1><section id="run-summary"></section>
     <div class="cols"><section id="categories"></section><section id="passk"></section>
     <section id="timings"></section></div>
     <section id="filters" class="filters"></section><section id="table"></section>`;
@@ -232,6 +246,7 @@ async function runView(id, seq) {
       renderRunHeader(st);
       renderFilters(id, st);
       renderTable(id, st);
+      $("#run-status").innerHTML = statusChip(st.overview.summary);
       setLive(st.overview.summary.finished ? "" : `live: ${st.rows.length} trials`);
     }), POLL_MS);
   }
@@ -243,7 +258,7 @@ function renderRunHeader(st) {
     <div class="stat"><b id="pass-rate">${pct(s.pass_rate)}</b><span>pass rate ${ci(s.ci95)}</span></div>
     <div class="stat"><b>${s.n_passed}/${s.n_scored}</b><span>passed / scored</span></div>
     <div class="stat"><b>${s.n_tasks}</b><span>tasks, ${s.n} attempts</span></div>
-    <div class="stat"><b>${num(s.mean_reward, 3)}</b><span>mean reward</span></div>
+    <div class="stat" id="mean-reward"><b>${num(s.mean_reward, 3)}</b><span title="a scored failure (tamper, agent, limit, verifier) counts as 0, as it counts as a failure in the pass rate; infra, task and config errors are in neither">${esc(meanOver(s))}</span></div>
     <div class="stat"><b>${secs(s.wall_s)}</b><span>wall time</span></div>
     <div class="stat"><span>errors</span>${errorChips(s.errors)}</div></div>
     <p class="muted">${esc(s.agent || "")}${s.model ? " / " + esc(s.model) : ""} · ${esc(s.path)}
@@ -469,7 +484,9 @@ function conversation(res) {
         body += `<div class="call"><span class="chip">tool call</span> <b>${esc(fn.name)}</b> <span class="muted">${esc(call.id || "")}</span>${folded(prettyArgs(fn.arguments), "args")}</div>`;
       }
     } else if (role === "tool") {
-      const out = text(m.content);
+      // A tool's JSON (the terminal's and the oracle's {"output": ...}) as its text, decoded
+      // by the server; esc() in folded() keeps it text.
+      const out = typeof m.content_text === "string" ? m.content_text : text(m.content);
       const failed = /^(error|Error|tool error)/.test(out);
       body += `<div class="muted">result of <b>${esc(m.name || "")}</b> ${esc(m.tool_call_id || "")}</div>${folded(out, failed ? "tool-error" : "")}`;
     } else if (role === "system") {
