@@ -19,7 +19,7 @@ import pytest
 from tests.support import PATIENCE_S
 from tests.test_trainers_support import ScriptedTrainer, check_batch, make_group
 
-from clotho.trainers.parse_worker import GROUP_OVERHEAD_BYTES, parse_memory_limit
+from clotho.trainers.parse_worker import OBJECT_OVERHEAD_BYTES, parse_memory_limit
 from clotho.trainers.server import (
     GZIP_SLICE_BYTES,
     MAX_GZIP_MEMBERS,
@@ -76,7 +76,7 @@ async def test_many_tiny_groups_stay_within_the_documented_multiple() -> None:
             assert len(body) < cap  # within the body limit as bytes: only its count is too much
             response = await http.post("/scored_data_list", content=body)
             assert response.status_code == 413, response.text
-            assert f"counts {GROUP_OVERHEAD_BYTES} bytes" in response.text
+            assert f"counts {OBJECT_OVERHEAD_BYTES} bytes" in response.text
             pid = server.parser.pid
             assert pid is not None  # the body went to the child (it is above 1 MiB)
             peak = proc_status_kib(pid, "VmHWM:") * 1024
@@ -88,7 +88,7 @@ async def test_many_tiny_groups_stay_within_the_documented_multiple() -> None:
             groups = [make_group(4, marker=m, completion_len=400) for m in range(200)]
             allowed = b"[" + b",".join(g.wire_json() for g in groups) + b"]"
             assert len(allowed) > 1 << 20
-            assert len(allowed) + len(groups) * GROUP_OVERHEAD_BYTES <= cap
+            assert len(allowed) + allowed.count(b"{") * OBJECT_OVERHEAD_BYTES <= cap
             response = await http.post("/scored_data_list", content=allowed)
             assert response.json() == {"status": "received", "groups_processed": 200}
             assert server.parser.pid == pid  # the same child: the refusal did not kill it
@@ -103,7 +103,7 @@ async def test_a_body_of_nested_empty_lists_meets_the_kernel_cap() -> None:
     """One group whose message carries millions of `[]` (3 bytes of JSON, ~60 bytes as a
     Python list): no group count to refuse, so the kernel's cap on the child stops it. The
     answer is a 413, the child's peak is under the documented limit, and it serves on."""
-    cap = 24 << 20
+    cap = 12 << 20
     async with served(max_request_bytes=cap, batch_size=4) as (server, http):
         lists = b"[" + b",".join([b"[]"] * ((cap - (1 << 20)) // 3)) + b"]"
         body = TINY[:-1] + b',"messages":[[{"role":"user","content":"x","x":' + lists + b"}]]}"
@@ -128,10 +128,10 @@ async def test_group_budget_holds_for_small_bodies_parsed_in_the_server() -> Non
     too, and an invalid group is located by its index in the list, as before."""
     cap = 1 << 20
     async with served(max_request_bytes=cap, batch_size=4) as (_, http):
-        over = cap // GROUP_OVERHEAD_BYTES + 1
+        over = cap // OBJECT_OVERHEAD_BYTES + 1
         response = await http.post("/scored_data_list", content=tiny_groups(over))
-        assert response.status_code == 413 and f"{over} groups" in response.text
-        under = cap // (GROUP_OVERHEAD_BYTES + len(TINY) + 1)
+        assert response.status_code == 413 and f"{over} JSON objects" in response.text
+        under = cap // (OBJECT_OVERHEAD_BYTES + len(TINY) + 1)
         response = await http.post("/scored_data_list", content=tiny_groups(under))
         assert response.json()["groups_processed"] == under
         bad = b"[" + TINY + b"," + TINY.replace(b'"masks":[[1]]', b'"masks":[]') + b"]"

@@ -16,9 +16,10 @@ parse than the child may take).
 
 Bounded whatever the body's shape. Parsed Python objects take far more room than their JSON
 (a 44-byte group became about 9 KB of lists and models: 65 MB of tiny groups took 12.5 GB),
-so: (1) each group in a body counts `GROUP_OVERHEAD_BYTES` against the body limit
-(`max_request_bytes`), checked once the JSON is read and before any group is validated, so a
-body holds at most `max_request_bytes / GROUP_OVERHEAD_BYTES` groups; (2) groups are
+so: (1) each JSON object in a body (a group, a message) counts `OBJECT_OVERHEAD_BYTES`
+against the body limit (`max_request_bytes`), counted on the bytes (`{` outside strings)
+before the JSON is read, so a body holds at most `max_request_bytes / OBJECT_OVERHEAD_BYTES`
+groups; (2) groups are
 validated one at a time, each model dropped once its wire JSON is made; (3) the kernel caps
 the child's data memory (RLIMIT_DATA) so its resident size stays under
 `parse_memory_limit(max_request_bytes)` = `PARSE_MEMORY_BASE` + `PARSE_MEMORY_MULTIPLE` x the
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import resource
 import signal
 import struct
@@ -54,10 +56,13 @@ _META = struct.Struct("!I")
 _STATUS = struct.Struct("!H")
 OK, INVALID, FAILED, REFUSED = 0, 1, 2, 3
 
-GROUP_OVERHEAD_BYTES = 1024
-"""What each group of a body counts against the body limit, over its own bytes."""
+OBJECT_OVERHEAD_BYTES = 1024
+"""What each JSON object of a body (a group, a message) counts against the body limit, over
+its own bytes: as Python objects a 44-byte group took about 9 KB."""
 
-PARSE_MEMORY_BASE = 256 << 20
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+PARSE_MEMORY_BASE = 128 << 20
 PARSE_MEMORY_MULTIPLE = 16
 _FILE_BACKED_ROOM = 64 << 20  # the interpreter's and libraries' mapped files, the stack
 
@@ -84,13 +89,14 @@ def parse_groups(
 ) -> list[QueuedGroup]:
     """Validate one group (or a JSON list of them) and keep each as its wire JSON.
 
-    `budget` (the body limit): a list whose bytes plus `GROUP_OVERHEAD_BYTES` per group
-    exceed it is refused (413) before any group is validated. Groups are validated one at a
+    `budget` (the body limit): a body whose bytes plus `OBJECT_OVERHEAD_BYTES` per JSON
+    object exceed it is refused (413) before it is read. Groups are validated one at a
     time, each raw item and model dropped once its wire JSON is made. JSON is read by orjson
     (the `api` extra) where it can, else by pydantic-core (NaN, ints beyond 64 bits), so the
     errors are pydantic's either way.
     """
     context = {"vocab_size": vocab_size}
+    check_object_budget(body, budget)
     data = _loaded(body)
     if data is _NOT_JSON:  # pydantic says precisely what is wrong, before building anything
         if many:
@@ -101,7 +107,6 @@ def parse_groups(
     if not isinstance(data, list):
         _GROUPS.validate_python(data, context=context)  # raises: "a valid list"
         raise AssertionError("unreachable")
-    check_group_budget(len(body), len(data), budget)
     queued: list[QueuedGroup] = []
     for i in range(len(data)):
         item, data[i] = data[i], None
@@ -114,14 +119,22 @@ def parse_groups(
     return queued
 
 
-def check_group_budget(body_bytes: int, groups: int, budget: int | None) -> None:
-    """413 for a body whose groups, at `GROUP_OVERHEAD_BYTES` each, exceed the body limit."""
-    if budget is not None and body_bytes + groups * GROUP_OVERHEAD_BYTES > budget:
+def check_object_budget(body: bytes, budget: int | None) -> None:
+    """413 for a body whose JSON objects, at `OBJECT_OVERHEAD_BYTES` each, take it over the
+    body limit. Counted on the bytes (C speed, one copy at most): every `{`, then, only if
+    that is too many, every `{` outside strings."""
+    if budget is None:
+        return
+    room = (budget - len(body)) // OBJECT_OVERHEAD_BYTES
+    if body.count(b"{") <= room:
+        return
+    objects = _JSON_STRING.sub(b'""', body).count(b"{")
+    if objects > room:
         raise Rejected(
             413,
-            f"{groups} groups in {body_bytes} bytes: each group counts "
-            f"{GROUP_OVERHEAD_BYTES} bytes against the body limit of {budget} bytes "
-            "(clotho api --max-request-mb); send fewer, larger groups per request",
+            f"{objects} JSON objects (groups, messages) in {len(body)} bytes: each counts "
+            f"{OBJECT_OVERHEAD_BYTES} bytes against the body limit of {budget} bytes "
+            "(clotho api --max-request-mb); send fewer groups per request",
         )
 
 
@@ -240,7 +253,7 @@ def main() -> None:
 class GroupParser:
     """Parses scored-group bodies: small ones inline, larger than `inline_bytes` in the child
     process. One per server; `aclose` stops the child. With `max_body_bytes` (the server's
-    body limit) groups count against it (`GROUP_OVERHEAD_BYTES` each) and the child's memory
+    body limit) JSON objects count against it (`OBJECT_OVERHEAD_BYTES` each), the child's memory
     is capped at `parse_memory_limit(max_body_bytes)`."""
 
     def __init__(self, inline_bytes: int, max_body_bytes: int | None = None) -> None:

@@ -63,9 +63,10 @@ once cannot multiply the memory), while the event loop keeps serving other clien
 queue keeps each group as its JSON (`QueuedGroup`), about a tenth of the memory of Python
 lists, and `/batch` joins those bytes instead of re-encoding; large responses are gzipped in
 a worker thread too. Whatever the body's shape, memory stays bounded by multiples of the
-body limit: each group counts `GROUP_OVERHEAD_BYTES` (1 KiB) against it (so a list holds at
-most `max_request_bytes / 1 KiB` groups), and the parse child's memory is capped by the
-kernel at `parse_memory_limit` = 256 MiB + 16 x `max_request_bytes` (`parse_worker.py`).
+body limit: each JSON object (a group, a message) counts `OBJECT_OVERHEAD_BYTES` (1 KiB)
+against it, counted on the bytes before they are parsed (so a list holds at most
+`max_request_bytes / 1 KiB` groups), and the parse child's memory is capped by the
+kernel at `parse_memory_limit` = 128 MiB + 16 x `max_request_bytes` (`parse_worker.py`).
 gzip is decoded in linear time (`gunzip`: at most `MAX_GZIP_MEMBERS` members, zlib fed
 slices of a memoryview, never the whole rest of the body per member).
 
