@@ -8,7 +8,7 @@ import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel
 
@@ -50,6 +50,17 @@ class FreshCall:
     def options(self) -> dict[str, Any]:
         """The keyword arguments of `exec_fresh` (all but `cmd`), to pass the call on."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cmd"}
+
+
+@dataclass(frozen=True)
+class PathChange:
+    """One path where the sandbox's file system differs from how it started (the image, the
+    empty private folders): what verification judges instead of samples of it. `link` is
+    True or False where the backend saw the file's type, None where it cannot tell."""
+
+    path: str
+    kind: Literal["added", "changed", "removed"]
+    link: bool | None = None
 
 
 class Sandbox(abc.ABC):
@@ -136,6 +147,14 @@ class Sandbox(abc.ABC):
         of its target text, prefixed `link:`; None where nothing exists. Detects replaced
         programs (`python3`, `bash`) between the agent's start and the tests."""
         raise NotImplementedError(f"{type(self).__name__} cannot take digests")
+
+    async def changed_paths(self) -> list[PathChange] | None:
+        """Every path created, changed or removed since the sandbox started, seen from outside
+        (nothing run inside); a folder whose entries changed may be listed besides them. Files
+        the harness put there before the agent (the task's workspace) are listed too: the
+        list says what differs, not who did it. None: this backend cannot tell (verification
+        then searches the writable places itself). Call it after `stop_agent`."""
+        return None
 
     def resolve(self, path: str) -> str:
         """Absolute sandbox path for `path`, relative ones taken from the workdir."""

@@ -38,6 +38,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +46,7 @@ from typing import Unpack
 
 from clotho.errors import ConfigError, SandboxError
 from clotho.sandbox import proctree
-from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall
+from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, PathChange
 from clotho.sandbox.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.config import LocalSandboxConfig, base_env
 from clotho.sandbox.fresh import digests_at, run_fresh_call
@@ -569,6 +570,56 @@ class BwrapSandbox(ShellBackedSandbox):
         self._check_open()
         return await asyncio.to_thread(digests_at, self._root_fd, list(paths))
 
+    async def changed_paths(self) -> list[PathChange] | None:
+        """Walked from the host with `scandir`/`lstat`, never following a link: everything in
+        the places the sandbox can write (its workdir, transfer folder, private tmpfs folders;
+        in `ro` mode also /logs, /tests and /solution, which are tmpfs; as root also the new
+        entries of `/`, /opt and /dev) is `added` (they all start empty: the workspace files
+        the harness uploaded are listed too), and /usr/local's overlay upper layer gives its
+        additions, changes and removals (whiteouts). Nothing else is writable. None when the
+        walk cannot finish (deeper than `_WALK_DEPTH` or more than `_WALK_MAX` entries):
+        verification then searches the sandbox itself."""
+        self._check_open()
+        return await asyncio.to_thread(self._walk_changes)
+
+    def _walk_changes(self) -> list[PathChange] | None:
+        overlay = (self.state / "root").is_dir()  # `_make_root` made `/` (root='overlay')
+        roots = [f"/{d}" for d in _PRIVATE_DIRS] + [self.workdir, XFER_MOUNT]
+        roots += ["/opt", "/dev"] if overlay else list(_RO_EXTRA_DIRS)
+        found: list[PathChange] = []
+        try:
+            if overlay:  # entries the sandbox added to `/` (sticky: it cannot remove ours)
+                ours = {n for n, _ in _system_trees()} | {"etc", "dev", "proc", "var", "opt"}
+                ours |= {r.strip("/").split("/")[0] for r in roots}
+                top = _open_dir_at(self._root_fd, "/")
+                assert top is not None
+                try:
+                    with os.scandir(top) as entries:
+                        for entry in entries:
+                            if entry.name not in ours:
+                                _walk_entry(top, entry, "", found)
+                finally:
+                    os.close(top)
+                upper = self.state / "ovl" / "u"
+                if upper.is_dir() and not upper.is_symlink():
+                    _walk_upper(upper, _USR_LOCAL, found)
+            kept = sorted(set(roots))
+            for root in kept:
+                if any(root.startswith(other + "/") for other in kept):
+                    continue  # walked with the folder it is in
+                fd = _open_dir_at(self._root_fd, root)
+                if fd is None:
+                    continue
+                try:
+                    _walk_fd(
+                        fd, root.rstrip("/"), found, 0, skip=_DEV_MADE if root == "/dev" else ()
+                    )
+                finally:
+                    os.close(fd)
+        except _WalkTooBig:
+            return None
+        return found
+
     # -- files -------------------------------------------------------------------------------
 
     def _xfer_name(self) -> tuple[str, str]:
@@ -701,3 +752,89 @@ def _regular_to(path: str, inner: str, max_bytes: int) -> str:
         f'[ "$(stat -L -c %s -- {q})" -le {max_bytes} ] || exit {TOO_BIG_EXIT}; '
         f"head -c {max_bytes + 1} -- {q} > {inner}"
     )
+
+
+# -- what changed: walked from the host, no link followed ------------------------------------
+
+_WALK_DEPTH = 256
+_WALK_MAX = 1_000_000
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# What bubblewrap's --dev puts in /dev (the sandbox's root may add to it).
+_DEV_MADE = ("null", "zero", "full", "random", "urandom", "tty", "pts", "ptmx", "shm", "fd",
+             "stdin", "stdout", "stderr", "core", "console", "mqueue")  # fmt: skip
+
+
+class _WalkTooBig(Exception):
+    """The tree is deeper or larger than a walk should go: the backend cannot tell."""
+
+
+def _open_dir_at(root_fd: int, path: str) -> int | None:
+    """A directory fd for the sandbox path `path` under `root_fd`, no component a link."""
+    fd = os.open(".", _DIR_FLAGS, dir_fd=root_fd)  # readable (`root_fd` is O_PATH)
+    try:
+        for name in [p for p in path.split("/") if p]:
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                return None
+            os.close(fd)
+            fd = sub
+        result, fd = fd, -1
+        return result
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _walk_entry(dir_fd: int, entry: os.DirEntry, prefix: str, found: list[PathChange]) -> None:
+    path = f"{prefix}/{entry.name}"
+    link = entry.is_symlink()
+    found.append(PathChange(path, "added", link))
+    if len(found) > _WALK_MAX:
+        raise _WalkTooBig
+    if link or not entry.is_dir(follow_symlinks=False):
+        return
+    try:
+        sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return  # gone, or replaced by a non-folder meanwhile (nothing runs: it cannot be)
+    try:
+        _walk_fd(sub, path, found, path.count("/"))
+    finally:
+        os.close(sub)
+
+
+def _walk_fd(
+    fd: int, prefix: str, found: list[PathChange], depth: int, skip: Sequence[str] = ()
+) -> None:
+    """Every entry under the directory `fd` (its sandbox path `prefix`), as `added`."""
+    if depth > _WALK_DEPTH:
+        raise _WalkTooBig
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if entry.name not in skip:
+                _walk_entry(fd, entry, prefix, found)
+
+
+def _walk_upper(upper: Path, mount: str, found: list[PathChange]) -> None:
+    """An overlay's upper layer: a whiteout (char device 0/0) is a removal; an entry the
+    lower layer (the host's `mount`) has is a change; any other is an addition."""
+    stack: list[tuple[Path, str]] = [(upper, mount)]
+    while stack:
+        folder, inside = stack.pop()
+        if inside.count("/") > _WALK_DEPTH:
+            raise _WalkTooBig
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                path = f"{inside}/{entry.name}"
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:
+                    found.append(PathChange(path, "removed", False))
+                    continue
+                lower = os.path.lexists(path)  # the host's own tree is the lower layer
+                link = stat.S_ISLNK(info.st_mode)
+                found.append(PathChange(path, "changed" if lower else "added", link))
+                if len(found) > _WALK_MAX:
+                    raise _WalkTooBig
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append((Path(entry.path), path))

@@ -29,13 +29,14 @@ import secrets
 import shlex
 import shutil
 import signal
+import stat
 import tarfile
 import tempfile
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from clotho.errors import SandboxError, TamperError, TaskError
 from clotho.sandbox import exit_cleanup
@@ -46,7 +47,7 @@ from clotho.sandbox.backends import (
     PreparedEnvironment,
     SandboxBackend,
 )
-from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, Sandbox
+from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, PathChange, Sandbox
 from clotho.sandbox.config import (
     DEFAULT_DOCKER_MEMORY_MB,
     DEFAULT_DOCKER_STORAGE_MB,
@@ -165,6 +166,43 @@ class ImageFactsCache:
             entrypoint = bool((info.get("Config") or {}).get("Entrypoint"))
             facts = self._by_id[info["Id"]] = ImageFacts(entrypoint=entrypoint)
         return facts
+
+
+_CHANGE_KINDS: dict[int, Literal["added", "changed", "removed"]] = {
+    0: "changed", 1: "added", 2: "removed",
+}  # fmt: skip
+_UPPER_MAX = 1_000_000
+
+
+def _upper_changes(driver: dict[str, Any]) -> list[PathChange] | None:
+    """The overlay2 upper folder of a local daemon's container, walked from the host; None
+    where it is not one this host can read (another driver, a remote daemon's path)."""
+    data = driver.get("Data") or {}
+    upper, lowers = data.get("UpperDir"), [d for d in (data.get("LowerDir") or "").split(":") if d]
+    if driver.get("Name") != "overlay2" or not upper or not os.path.isdir(upper):
+        return None
+    found: list[PathChange] = []
+    stack = [(upper, "")]
+    try:
+        while stack:
+            folder, inside = stack.pop()
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    path = f"{inside}/{entry.name}"
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:  # a whiteout
+                        found.append(PathChange(path, "removed", False))
+                        continue
+                    lower = any(os.path.lexists(low + path) for low in lowers)
+                    link = stat.S_ISLNK(info.st_mode)
+                    found.append(PathChange(path, "changed" if lower else "added", link))
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append((entry.path, path))
+            if len(found) > _UPPER_MAX:
+                return None
+    except OSError:
+        return None
+    return found
 
 
 def _tar_of(local: Path, arcname: str) -> bytes:
@@ -467,6 +505,42 @@ class DockerSandbox(ShellBackedSandbox):
                 return await path_digest(self.container, self.resolve(path), outer=outer)
 
         return dict(zip(paths, await asyncio.gather(*(one(p) for p in paths)), strict=True))
+
+    async def changed_paths(self) -> list[PathChange] | None:
+        """What the container's writable layer holds against the image. A local daemon's
+        overlay2 upper folder is walked from the host (`scandir`/`lstat`, no link followed:
+        whiteouts are removals, an entry an image layer has is a change, types known; a few
+        ms); otherwise the Engine's `GET /containers/{id}/changes` (every entry of a new
+        folder listed; seconds on a busy daemon). Each mount but the read-only FIFO folder
+        is added as a folder `added` whole (a volume the image declares is in neither). A
+        slot shares its container, and so its changes, with its neighbours: None."""
+        from aiodocker.exceptions import DockerError
+
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        if self.id != self.id_of_container:
+            return None
+        try:
+            info = await self.container.show()
+            pid = int((info.get("State") or {}).get("Pid") or 0)
+            found = None
+            if pid > 0 and await asyncio.to_thread(in_container, pid, self.id_of_container):
+                found = await asyncio.to_thread(_upper_changes, info.get("GraphDriver") or {})
+            if found is None:
+                rows = await self.container.docker._query_json(
+                    f"containers/{self.id_of_container}/changes", method="GET"
+                )
+                found = [
+                    PathChange(str(r["Path"]), _CHANGE_KINDS.get(r.get("Kind"), "changed"))
+                    for r in rows or []
+                ]
+        except DockerError as exc:
+            raise SandboxError(f"cannot list the container's changes: {exc}") from exc
+        for mount in info.get("Mounts") or []:
+            destination = mount.get("Destination")
+            if destination and destination != FIFO_MOUNT:
+                found.append(PathChange(str(destination), "added"))
+        return found
 
     def _container_path(self, path: str) -> str | None:
         """Where a path the sandbox sees lives in the container (a slot maps its binds)."""
