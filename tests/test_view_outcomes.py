@@ -30,8 +30,11 @@ from tests.conftest import requires_bwrap
 from tests.support import port_open, wait_until_sync
 from tests.test_view_browser import css, on_screen, shot, wait
 
+from clotho.errors import ErrorInfo
+from clotho.runs.metrics import compute_metrics
+from clotho.runs.records import TrialRecord
 from clotho.view.browser import chromium, find_chromium
-from clotho.view.sample import write_run
+from clotho.view.sample import append_trials, write_run
 from clotho.view.sources import RunSource, tool_text
 
 pytestmark = requires_bwrap
@@ -245,6 +248,36 @@ def test_tool_text_decodes_json_and_leaves_anything_else() -> None:
     assert tool_text("[1, 2]") is None
 
 
+def test_a_tamper_failure_is_a_zero_in_the_mean_and_a_failure_in_the_pass_rate() -> None:
+    """Tamper is not produced by the real runs above (the verifier error is the same reading:
+    scored, no reward); here it is read directly, beside an infra error left out of both."""
+    base = {"category": "c", "attempt": 0, "agent": "oracle", "passed": False}
+    records = [
+        TrialRecord(task="ok", reward=1.0, **{**base, "passed": True}),
+        TrialRecord(
+            task="tamper", reward=None, error=ErrorInfo(kind="tamper", message="x"), **base
+        ),
+        TrialRecord(task="infra", reward=None, error=ErrorInfo(kind="infra", message="x"), **base),
+    ]
+    metrics = compute_metrics(records)
+    assert (metrics.n_scored, metrics.pass_rate) == (2, 0.5)
+    assert (metrics.mean_reward, metrics.mean_reward_n) == (0.5, 2)
+
+
+def test_a_stopped_run_resumed_reads_as_running_until_it_writes_its_metrics(
+    tmp_path: Path,
+) -> None:
+    run = write_run(tmp_path / "r", 4, seed=3)
+    saved = json.loads((run / "metrics.json").read_text())
+    saved.update(complete=False, n_planned=6, n_finished=4)
+    (run / "metrics.json").write_text(json.dumps(saved))
+    os.utime(run / "results.jsonl", (1, 1))
+    source = RunSource("0", run)
+    assert source.summary()["status"] == "stopped"
+    append_trials(run, 4, 1)  # `--resume` appends after the stopped run's metrics.json
+    assert source.summary()["status"] == "running"
+
+
 def test_an_old_run_folder_reads_as_before_with_one_reading_of_the_mean(tmp_path: Path) -> None:
     """metrics.json written before `complete` and `mean_reward_n`: finished, as it was read
     then, and its mean reward read again from the records (scored failures as 0)."""
@@ -293,6 +326,7 @@ def test_the_page_shows_the_stopped_badge_the_mean_card_and_tool_text(
     d.get(server + f"#/run/{run_id(server, 'stopped')}")
     badge = on_screen(d, "#run-status .chip.stopped")
     assert badge.text == "stopped: 1 of 2 attempts"
+    assert d.find_element("id", "live").text == ""  # not "live: updating": nothing writes it
 
     rid = run_id(server, "outcomes")
     d.get(server + f"#/run/{rid}")

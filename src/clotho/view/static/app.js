@@ -57,6 +57,7 @@ function statusChip(r) {
   }
   return "";
 }
+const isRunning = (r) => (r.status || (r.finished ? "finished" : "running")) === "running";
 function meanOver(r) {
   const n = r.mean_reward_n ?? r.n_scored;
   return `mean reward over ${n} scored trial${n === 1 ? "" : "s"}`;
@@ -164,7 +165,7 @@ async function runsView() {
   }
   if (!sources.length) html += `<p class="muted">No run directories or group files here.</p>`;
   app.innerHTML = html;
-  if (!EXPORT && runs.some((r) => (r.status || (r.finished ? "finished" : "running")) === "running")) {
+  if (!EXPORT && runs.some(isRunning)) {
     const seq = routeSeq;
     pollTimer = setInterval(polled(async () => {
       const fresh = await api("/api/runs");
@@ -236,7 +237,7 @@ async function runView(id, seq) {
   renderFilters(id, st);
   renderTable(id, st);
   if (!EXPORT) {
-    setLive(s.finished ? "" : "live: updating");
+    setLive(isRunning(s) ? "live: updating" : "");
     pollTimer = setInterval(polled(async () => {
       const trials = await api(`/api/run/${id}/trials?since=${st.rows.length}&version=${st.version}`);
       if (seq !== routeSeq || (!trials.rows.length && trials.version === st.version)) return;
@@ -247,7 +248,7 @@ async function runView(id, seq) {
       renderFilters(id, st);
       renderTable(id, st);
       $("#run-status").innerHTML = statusChip(st.overview.summary);
-      setLive(st.overview.summary.finished ? "" : `live: ${st.rows.length} trials`);
+      setLive(isRunning(st.overview.summary) ? `live: ${st.rows.length} trials` : "");
     }), POLL_MS);
   }
 }
