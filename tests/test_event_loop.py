@@ -165,15 +165,28 @@ app(sys.argv[1:], prog_name="clotho")
 
 
 def _eval_without_slow_callbacks(args: list[str], out: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", WATCHED_CLOTHO, "eval", *args, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    """A blocking call fails the first run. A long computation fails when the second run
+    shows one too: CPU time is immune to preemption but not quite to contention, and a
+    sandbox's start (some 200 file-system calls and forks on the loop, about 20 ms of CPU
+    on an idle machine) measured 57 ms once while other processes hammered the same kernel.
+    A step that computes too long does so on every run."""
+    slow: list[str] = []
+    for attempt in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", WATCHED_CLOTHO, "eval", *args, "--out", str(out / str(attempt))],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        slow = [line for line in proc.stderr.splitlines() if line.startswith("SLOWCHECK")]
+        blocking = [line for line in slow if "made a blocking call" in line]
+        assert blocking == [], "blocking calls on the event loop:\n" + "\n".join(blocking)
+        if not slow:
+            return
+    raise AssertionError(
+        "steps computed too long on the event loop, on both runs:\n" + "\n".join(slow)
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    slow = [line for line in proc.stderr.splitlines() if line.startswith("SLOWCHECK")]
-    assert slow == [], "steps held the event loop:\n" + "\n".join(slow)
 
 
 @requires_bwrap
