@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,6 +149,45 @@ async def test_gc_removes_what_a_killed_run_left(tmp_path: Path) -> None:
             assert gc.returncode == 0, err.decode()
             assert "not checked" not in out.decode() and "removed 1 " in out.decode(), out
             assert not folder.exists()
+
+
+def test_remove_tree_reopens_folders_closed_by_their_owner_without_root() -> None:
+    """Without root (a non-root host runs the agent as its own uid), a chmod 000 folder
+    refuses even its owner: `remove_tree` gives the owner its rights back, inode by inode.
+    Run as an unprivileged uid (root bypasses the modes, so would prove nothing)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("switching to an unprivileged uid needs root and setpriv")
+    nobody = 65534
+    folder = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))  # /tmp: reachable by that uid
+    try:
+        os.chown(folder, nobody, nobody)
+        script = (
+            "import os, pathlib, sys\n"
+            "from clotho.sandbox.state import remove_tree\n"
+            "root = pathlib.Path(sys.argv[1])\n"
+            "os.chdir(root)\n"
+            "for _ in range(300):\n"
+            "    os.mkdir('d'); os.chdir('d')\n"
+            "os.chdir(root)\n"
+            "(root / 'shut' / 'inner').mkdir(parents=True)\n"
+            "(root / 'shut' / 'inner' / 'f').write_text('x')\n"
+            "(root / 'shut' / 'g').write_text('y')\n"
+            "os.chmod(root / 'shut' / 'inner', 0); os.chmod(root / 'shut', 0)\n"
+            "os.chmod(root / 'd' / 'd', 0o500)\n"  # no write: entries cannot be unlinked
+            "assert not os.access(root / 'shut', os.R_OK)\n"
+            "remove_tree(root)\n"
+            "print('removed', root.exists())\n"
+        )
+        done = subprocess.run(
+            ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups",
+             sys.executable, "-c", script, str(folder)],
+            capture_output=True, text=True, timeout=AGENT_WORK,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["removed", "False"]
+        assert not folder.exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 def test_remove_tree_detaches_a_mount_and_keeps_what_it_held(tmp_path: Path) -> None:
