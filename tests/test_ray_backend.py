@@ -364,9 +364,12 @@ async def test_a_node_that_dies_mid_run_loses_its_rollouts_which_are_retried_on_
     out = tmp_path / "ray-death"
     events: list[tuple[str, object]] = []
     run = asyncio.create_task(run_eval(config, out, listener=lambda e, d: events.append((e, d))))
-    while len(_started(state)) < 3:  # polled until all three solutions run, one per node
+
+    def all_started() -> bool:  # all three solutions run, one per node
         assert not run.done(), run.result() if not run.exception() else run.exception()
-        await asyncio.sleep(0.1)
+        return len(_started(state)) >= 3
+
+    assert await wait_until(all_started, timeout=300)
     node2 = _node_of(cluster, 2)  # the run's backend connected this process to Ray
     lost_task = _started(state)[node2]
     cluster.kill_node(2)
