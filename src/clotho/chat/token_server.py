@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 import math
 import socket
@@ -50,6 +49,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from clotho.chat.tokens import TokenClient, TokenSampling
 from clotho.errors import ConfigError, ModelError
+from clotho.hosts import host_name, is_loopback
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
@@ -75,7 +75,6 @@ _SUPPORTED = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids
 _SUPPORTED |= {"ignore_eos", "sampling_seed"}
 DEFAULT_MAX_REQUEST_BYTES = 16 << 20  # a 128k-token prompt as JSON ids is ~1 MB
 _OPEN_PATHS = frozenset({"/health"})  # liveness probes carry no token
-_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class BadRequest(ValueError):
@@ -172,7 +171,7 @@ class TokenGuard:
         ):
             return _error("requests from web pages are refused: this serves model clients", 403)
         if self.token is None:
-            if not is_loopback(_host_name(headers.get("host", ""))):
+            if not is_loopback(host_name(headers.get("host", ""))):
                 return _error("without a token only loopback host names are served", 403)
             return None
         if scope["path"] in _OPEN_PATHS:
@@ -191,23 +190,6 @@ class TokenGuard:
             response.headers["WWW-Authenticate"] = 'Bearer realm="clotho serve-model"'
             return response
         return None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (a name or an address, IPv6 with or without brackets) is loopback."""
-    host = host.strip("[]")
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _host_name(host_header: str) -> str:
-    if host_header.startswith("["):
-        return host_header[1 : host_header.find("]")]
-    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
 def listen_socket(host: str, port: int, token: str | None) -> socket.socket:

@@ -93,7 +93,6 @@ import binascii
 import contextlib
 import gzip
 import hmac
-import ipaddress
 import json
 import logging
 import socket
@@ -115,6 +114,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from clotho.errors import ConfigError
+from clotho.hosts import host_name, is_loopback
 from clotho.trainers.parse_worker import GroupParser, InvalidGroups
 from clotho.trainers.protocol import (
     EMPTY_EXAMPLE,
@@ -134,7 +134,6 @@ GZIP_MIN_RESPONSE_BYTES = 1000
 TOKEN_ENV = "CLOTHO_API_TOKEN"
 """Where `clotho api` reads the token when no flag gives it (clients: `ApiClientConfig.token`)."""
 
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 # --- access ------------------------------------------------------------------------------
 
@@ -161,22 +160,6 @@ def token_of(headers: Headers) -> str | None:
             return None
         return password or user
     return None
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _host_name(host_header: str) -> str:
-    if host_header.startswith("["):
-        return host_header[1 : host_header.find("]")]
-    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
 class _HttpMiddleware:
@@ -224,7 +207,7 @@ class AccessGuard(_HttpMiddleware):
                 "with --cors-origin to allow it",
             )
         if self.token is None:
-            if not is_loopback(_host_name(headers.get("host", ""))):
+            if not is_loopback(host_name(headers.get("host", ""))):
                 return _error(403, "without a token only loopback host names are served")
             return None
         if scope["path"] == "/":
