@@ -12,6 +12,7 @@ import signal
 import struct
 import termios
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -350,6 +351,15 @@ async def test_a_large_body_is_parsed_in_a_child_while_others_are_served(rig: Ri
     assert await wait_until(reaped)
 
 
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped, or reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rfind(b")") + 2 :].split()[0] in (b"Z", b"X")
+
+
 def _bytes_waiting_in_stdin(pid: int) -> int:
     """Bytes written to the process's stdin pipe that it has not read yet."""
     fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
@@ -359,19 +369,43 @@ def _bytes_waiting_in_stdin(pid: int) -> int:
         os.close(fd)
 
 
-async def test_a_dead_parser_child_is_a_503_and_replaced(rig: Rig) -> None:
+async def test_a_parser_child_that_dies_with_a_body_is_a_503_and_replaced(rig: Rig) -> None:
     server = await rig.server(batch_size=4)
-    body = make_group(4, completion_len=40_000).wire_json()
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+    server.parser.inline_bytes = 1024  # bodies fit in the pipe: the child can be stopped
+    body = make_group(4, completion_len=500).wire_json()
+    assert 1024 < len(body) < 60_000
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
         assert (await http.post("/scored_data", content=body)).status_code == 200
         child = server.parser.pid
         assert child is not None
-        os.kill(child, signal.SIGKILL)  # as the kernel's OOM killer would
-        response = await http.post("/scored_data", content=body)
+        os.kill(child, signal.SIGSTOP)  # the next body waits, whole, in the child's stdin
+        posting = asyncio.create_task(http.post("/scored_data", content=body))
+        try:
+            assert await wait_until(lambda: _bytes_waiting_in_stdin(child) > len(body))
+        finally:
+            os.kill(child, signal.SIGKILL)  # as the kernel's OOM killer would, mid-parse
+        response = await posting
         assert response.status_code == 503 and "parser process died" in response.text
         assert (await http.post("/scored_data", content=body)).status_code == 200
         assert server.parser.pid not in (None, child)
     assert len(server.state.queue) == 2
+
+
+async def test_a_parser_child_that_died_while_idle_costs_no_body(rig: Rig) -> None:
+    """Killed between bodies, and not yet noticed by the server: the next body is handed to
+    a new child, not refused."""
+    server = await rig.server(batch_size=4)
+    body = make_group(4, completion_len=40_000).wire_json()
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        for _ in range(2):
+            assert (await http.post("/scored_data", content=body)).status_code == 200
+            child = server.parser.pid
+            assert child is not None
+            os.kill(child, signal.SIGKILL)
+            assert await wait_until(lambda: _gone(child))  # noqa: B023 - awaited here
+        assert (await http.post("/scored_data", content=body)).status_code == 200
+        assert server.parser.pid not in (None, child)
+    assert len(server.state.queue) == 3
 
 
 def test_parsing_with_and_without_orjson_gives_the_same_bytes(
