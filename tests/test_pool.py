@@ -405,3 +405,26 @@ async def test_git_reset_mode_hands_back_a_clean_repository(tmp_path: Path) -> N
         await pool.release(again)
         assert await wait_until(lambda: pool.stats()["destroyed"] == 1)
         assert pool.stats()["idle"] == 0 and pool.stats()["starting"] == 0
+
+
+async def test_closing_does_not_wait_for_a_backend_that_cannot_list_its_sandboxes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reaping a dead run's leftovers is optional work: a backend whose listing never answers
+    (a Ray host actor that never started) is cancelled at close, not waited for."""
+    from clotho.sandbox.backends import LocalBackend
+
+    listing = asyncio.Event()
+    never = asyncio.Event()
+
+    async def hangs(self: LocalBackend) -> list[Any]:
+        listing.set()
+        await never.wait()
+        return []
+
+    monkeypatch.setattr(LocalBackend, "records", hangs)
+    pool = SlotPool(PoolConfig())
+    pool.start()  # makes the local backend, whose reaper starts listing
+    assert await wait_until(listing.is_set)
+    await asyncio.wait_for(pool.close(), PATIENCE_S)  # a bound for a stuck test, not a timing
+    assert not never.is_set()

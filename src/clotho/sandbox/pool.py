@@ -116,6 +116,7 @@ class SlotPool:
         self._wanted: dict[str, SandboxConfig] = {}
         self._cond = asyncio.Condition()
         self._background: set[asyncio.Task[Any]] = set()
+        self._optional: set[asyncio.Task[Any]] = set()
         self._backends: dict[str, SandboxBackend] = {}
         self._reaped: set[str] = set()  # records already removed (backends may share some)
         self._maintenance: asyncio.Task[None] | None = None
@@ -133,7 +134,7 @@ class SlotPool:
             if self._closed:
                 raise SandboxError("the sandbox pool is closed")
             backend = self._backends[key] = make_backend(config, docker_url=self._docker_url)
-            self._spawn(self._reap_orphans(backend))
+            self._spawn(self._reap_orphans(backend), optional=True)
         return backend
 
     async def backend_healthy(self, config: SandboxConfig, sandbox: Sandbox | None = None) -> bool:
@@ -199,7 +200,10 @@ class SlotPool:
         pooled = [s for q in self._idle.values() for s in q] + list(self._in_use.values())
         self._idle.clear()
         self._in_use.clear()
+        for task in self._optional:
+            task.cancel()
         await asyncio.gather(*(self._destroy(s) for s in pooled), return_exceptions=True)
+        await asyncio.gather(*list(self._optional), return_exceptions=True)
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         backends = list(self._backends.values())
@@ -414,10 +418,14 @@ class SlotPool:
             log.warning("closing a sandbox failed: %s", exc)
         self.destroyed += 1
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any], *, optional: bool = False) -> None:
+        """Run `coro` in the background; `close` waits for it, or, if `optional` (reaping a
+        dead run's leftovers, which the next run does again), cancels it: a backend that
+        cannot list its sandboxes (a Ray host that never started) must not hold up a stop."""
         task = asyncio.ensure_future(coro)
-        self._background.add(task)
+        (self._optional if optional else self._background).add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._optional.discard)
 
     async def _maintain(self) -> None:
         """Retire idle sandboxes past the idle timeout or the max lifetime. Health is checked
