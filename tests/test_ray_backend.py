@@ -209,7 +209,8 @@ async def test_a_network_on_the_cluster_is_refused_where_no_guard_holds(
     """Docker's network is the host's: nothing keeps a container off the other nodes, so a
     networked Docker sandbox on a cluster is refused (before any Docker is touched)."""
     config = RaySandboxConfig(
-        address=cluster.address, inner=DockerSandboxConfig(image="x", network=True)
+        address=cluster.address,
+        inner=DockerSandboxConfig(image="x", network=True, host_network=True),
     )
     async with SlotPool(PoolConfig(max_size=1)) as pool:
         with pytest.raises(ConfigError, match="needs the local backend"):

@@ -164,8 +164,11 @@ async def test_network_is_none_by_default(docker_sandbox: DockerSandbox, docker:
 
 
 @requires_docker
-async def test_network_host_when_enabled(docker: Any) -> None:
-    async with await open_sandbox(DockerSandboxConfig(network=True)) as sb:
+async def test_network_host_only_when_asked_for_by_name(docker: Any) -> None:
+    # The host's network, unguarded: refused unless accepted in so many words.
+    with pytest.raises(ValueError, match="host_network=true"):
+        DockerSandboxConfig(network=True)
+    async with await open_sandbox(DockerSandboxConfig(network=True, host_network=True)) as sb:
         assert isinstance(sb, DockerSandbox)
         info = await inspect(docker, sb)
         assert info["HostConfig"]["NetworkMode"] == "host"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_LOCAL_MEMORY_MB = 4096
@@ -73,6 +73,12 @@ class DockerSandboxConfig(_Common):
     backend: Literal["docker"] = "docker"
     image: str = "clotho/base:bookworm"
     network: bool = False
+    host_network: bool = Field(
+        False,
+        description="what `network` means on Docker here: the host's own network, its "
+        "loopback services (the trajectory API, model servers) included, with no guard; "
+        "`network` is refused unless this says so",
+    )
     cpus: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(
         None,
@@ -114,6 +120,19 @@ class DockerSandboxConfig(_Common):
         "the image and a relaxed seccomp profile on the container); none: slots are "
         "directories under /slots that can see each other; auto: bwrap when it works",
     )
+
+    @model_validator(mode="after")
+    def _network_is_the_hosts(self) -> DockerSandboxConfig:
+        """Fail closed: a container with a network shares the host's (no bridge here), so an
+        agent would reach what listens on the host's loopback. Asked for explicitly, or not."""
+        if self.network and not self.host_network:
+            raise ValueError(
+                "network on the docker backend is the host's own network (its loopback "
+                "services, such as the trajectory API and model servers, included, unguarded): "
+                "set sandbox.host_network=true to accept that, or use the local backend, whose "
+                "network guard keeps the host out"
+            )
+        return self
 
 
 # Backends that place sandboxes beyond this host: their configs (remote_config.py) name a

@@ -118,7 +118,9 @@ def container_body(
     config: DockerSandboxConfig, labels: dict[str, str], lease_s: float
 ) -> dict[str, Any]:
     host: dict[str, Any] = {
-        "NetworkMode": "host" if config.network else "none",
+        # The host's network only when accepted by name (a config copied without validation
+        # included): nothing else keeps a container off the host's loopback services.
+        "NetworkMode": "host" if config.network and config.host_network else "none",
         "Init": config.init,
     }
     if config.cpus:
