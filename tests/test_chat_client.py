@@ -440,7 +440,7 @@ async def test_request_timeout_then_a_fast_answer_succeeds() -> None:
     """The held answer never comes in time; the fast one has a generous read timeout."""
     held = Held()
     with ScriptedOpenAIServer([held, assistant("in time")]) as server:
-        config = fast_config(server.base_url, timeout_s=3)
+        config = fast_config(server.base_url, timeout_s=10)
         async with chat_client(config) as client:
             try:
                 response = await client.complete(USER)

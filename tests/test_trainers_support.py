@@ -108,7 +108,7 @@ class ScriptedTrainer:
         response.raise_for_status()
         return response.json()["batch"]
 
-    async def pull(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    async def pull(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Poll `/batch` until one arrives, like the reference trainer (faster)."""
         async with asyncio.timeout(timeout_s):
             while True:
