@@ -17,15 +17,17 @@ import asyncio
 import io
 import json
 import math
+import posixpath
 import re
 import shlex
 import tarfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from clotho.errors import TamperError, VerifierError
 from clotho.rollout.outcome import VerifierOutcome
-from clotho.sandbox.base import Sandbox
+from clotho.sandbox.base import PathChange, Sandbox
 from clotho.sandbox.config import DEFAULT_PATH
 from clotho.tasks.harbor import Task
 
@@ -41,6 +43,7 @@ BASE_PROGRAMS = (
     "timeout", "cat", "head", "grep", "sed", "awk", "jq", "diff", "cmp", "test", "mkdir",
     "rm", "tar", "find", "echo", "printf", "sort", "wc", "tr", "git", "sqlite3",
     "chmod", "stat",  # the verifier's own folder preparation and reward inspection run them
+    "readlink",  # the check of where the agent's links land (`check_links`)
 )  # fmt: skip
 # Python's start-up hooks: code in them runs inside every test interpreter.
 _SITE_DIRS = (
@@ -301,6 +304,121 @@ async def stop_and_check(sandbox: Sandbox, baseline: ProgramDigests | None) -> N
         )
 
 
+# Where the harness writes after the agent: a link of the agent's landing there makes the tests
+# read the harness's own files (their expected output, the reward) as the agent's work.
+HARNESS_ROOTS = (TESTS_MOUNT, "/logs", "/solution")
+# Made afresh by `_PREPARE` before the check: what is in them now is the harness's.
+_FRESH_ROOTS = (TESTS_MOUNT, "/logs")
+# Where each candidate link lands, resolved in the sandbox (after /tests exists, so a link
+# to a test file resolves): `readlink -f`, else `readlink -m` (a missing folder on the way),
+# else the link's own text. Input: NUL-separated, "L<path>" a path to test, "D<path>" a
+# folder to search whole. Output, NUL-separated pairs (link, landing), only for landings that
+# name a harness folder at all (Python decides): the output stays small however many links.
+_LAND = r"""land() {
+  t=$(readlink -f -- "$1" 2>/dev/null) || t=$(readlink -m -- "$1" 2>/dev/null) || t=
+  if [ -z "$t" ]; then
+    t=$(readlink -- "$1" 2>/dev/null) || t=
+    case $t in /*) ;; *) t=${1%/*}/$t ;; esac
+  fi
+  case $t in *"/tests"*|*"/logs"*|*"/solution"*) printf '%s\0%s\0' "$1" "$t" ;; esac
+}
+"""
+_LANDINGS = (
+    _LAND
+    + r"""while IFS= read -r -d '' item; do
+  p=${item#?}
+  case $item in
+    L*) if [ -L "$p" ]; then land "$p"; fi ;;
+    D*) if [ -d "$p" ] && [ ! -L "$p" ]; then
+          find "$p" -type l -print0 2>/dev/null | while IFS= read -r -d '' l; do land "$l"; done
+        fi ;;
+  esac
+done
+true
+"""
+)
+# The backend cannot list what changed (None): every link under the places a task's tests
+# read and an agent writes (the workdir, the home and temporary folders, /etc, /opt, /srv,
+# /mnt, /run, /usr/local, /var/spool) is resolved, only those whose ctime is after the
+# baseline where find has -newerct (nobody in the sandbox can set a ctime back). Not the whole
+# file system: on a backend without isolation that is the host's, minutes to walk.
+FALLBACK_ROOTS = (
+    "/tmp", "/var/tmp", "/root", "/home", "/etc", "/opt", "/srv", "/mnt", "/run",
+    "/usr/local", "/var/spool", "/solution",
+)  # fmt: skip
+_FALLBACK_FIND = (
+    _LAND.replace("{", "{{").replace("}", "}}")
+    + r"""set --
+for d in {roots}; do if [ -d "$d" ]; then set -- "$@" "$d"; fi; done
+[ $# -gt 0 ] || exit 0
+{{ find "$@" -type l {newer} -print0 2>/dev/null || find "$@" -type l -print0 2>/dev/null; }} \
+  | while IFS= read -r -d '' l; do land "$l"; done
+true
+"""
+)
+
+
+def _under(path: str, roots: Sequence[str]) -> str | None:
+    for root in roots:
+        if path == root or path.startswith(root + "/"):
+            return root
+    return None
+
+
+def _link_candidates(changes: list[PathChange]) -> bytes:
+    """What to resolve: each changed path that is (or may be) a link, and each folder added
+    whole (the top-most ones) to search for links under it, unless the backend already
+    listed its entries with their types. The fresh folders hold only the harness's files."""
+    present = [c for c in changes if c.kind != "removed" and not _under(c.path, _FRESH_ROOTS)]
+    items: list[str] = [f"L{c.path}" for c in present if c.link is not False]
+    searched: list[str] = []
+    for change in sorted(present, key=lambda c: c.path):
+        if change.kind == "added" and change.link is None and not _under(change.path, searched):
+            searched.append(change.path)
+            items.append(f"D{change.path}")
+    return b"".join(item.encode(errors="surrogateescape") + b"\0" for item in items)
+
+
+def _planted(output: str) -> list[str]:
+    """The links (of the landing script's output) that land where the harness writes."""
+    fields = output.split("\0")
+    found: list[str] = []
+    for link, resolved in zip(fields[0::2], fields[1::2], strict=False):
+        if _under(link, _FRESH_ROOTS):
+            continue
+        landing = posixpath.normpath(resolved)
+        root = _under(landing, HARNESS_ROOTS)
+        if root is None or (root == "/solution" and _under(link, ("/solution",))):
+            continue  # a link inside the oracle's /solution to its own files is its own
+        found.append(f"{link} -> {landing}")
+    return found
+
+
+async def check_links(sandbox: Sandbox, baseline: ProgramDigests | None) -> None:
+    """Refuse (`TamperError`) a link the agent left that lands in /tests, /logs or /solution:
+    the tests would compare the harness's own files with themselves (a workspace file linked
+    to the expected output passes). Run after `_PREPARE` (the targets exist), before the
+    tests. Judged on the backend's list of changed paths; when it cannot tell (None), on a
+    `find` of every link in the sandbox (see `_FALLBACK_FIND`)."""
+    changes = await sandbox.changed_paths()
+    if changes is None:
+        newer = f"-newerct @{int(baseline.taken_at) - 1}" if baseline is not None else ""
+        roots = " ".join(shlex.quote(r) for r in (sandbox.workdir, *FALLBACK_ROOTS))
+        script, stdin = _FALLBACK_FIND.format(roots=roots, newer=newer), None
+    else:
+        stdin = _link_candidates(changes)
+        if not stdin:
+            return  # no link among the changes (the backend saw every type): nothing to run
+        script = _LANDINGS
+    output = await _fresh(sandbox, script, "resolve the agent's links", stdin=stdin)
+    if planted := _planted(output):
+        raise TamperError(
+            "links the agent left land where the harness writes after it ("
+            + "; ".join(planted[:10])
+            + "): the tests would read the harness's files as the agent's; the tests were not run"
+        )
+
+
 async def run_verifier(
     task: Task,
     sandbox: Sandbox,
@@ -312,6 +430,7 @@ async def run_verifier(
     await stop_and_check(sandbox, baseline)
     tests = await asyncio.to_thread(_tests_tar, task)
     await _fresh(sandbox, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
+    await check_links(sandbox, baseline)
     result = await sandbox.exec_fresh(
         f"exec 2>&1; exec bash {TESTS_MOUNT}/test.sh",
         timeout=timeout_s,
