@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.support import http_up
 from tests.test_trainers_support import free_port
 
 from clotho.cli.token_source import (
@@ -146,14 +147,7 @@ async def clotho_api(
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient(base_url=url) as http, asyncio.timeout(30):
-            while True:
-                try:
-                    await http.get("/")
-                    break
-                except httpx.TransportError:
-                    assert process.returncode is None, "clotho api exited"
-                    await asyncio.sleep(0.05)  # polling for the port
+        await http_up(f"{url}/")
         yield process, url
     finally:
         if process.returncode is None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import requires_bwrap
+from tests.support import wait_until_sync
 
 pytestmark = requires_bwrap
 
@@ -213,12 +214,13 @@ def test_ctrl_c_keeps_finished_results_and_leaves_nothing_behind(make_task, tmp_
         env={**os.environ, "TMPDIR": str(state)},
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def quick_done_slow_running() -> bool:
             rows = results(out) if (out / "results.jsonl").exists() else []
-            if len(rows) == 2 and len(processes_mentioning(str(state))) >= 2:
-                break
-            time.sleep(0.1)
+            return len(rows) == 2 and len(processes_mentioning(str(state))) >= 2
+
+        wait_until_sync(quick_done_slow_running, 120)
+        rows = results(out) if (out / "results.jsonl").exists() else []
         assert len(rows) == 2, "the quick tasks did not finish"
         assert processes_mentioning(str(state)), "the slow sandboxes should be running"
         proc.send_signal(signal.SIGINT)
