@@ -3,7 +3,7 @@
 Skipped with the reason shown when no Docker daemon answers; in CI (CI=true), where the
 daemon is set up on purpose, its absence fails the tests instead. `clotho/base:bookworm` has
 bubblewrap and util-linux, so isolated slots are tested for real; an image built from it
-without bwrap shows the error (`bwrap`) and the fallback (`auto`).
+without bwrap shows the error (`bwrap` and `auto` alike: no silent fallback).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.docker_probe import requires_docker
 from tests.sandbox_fixtures import run_past_timeout
 from tests.support import PATIENCE_S, wait_until
 
-from clotho.errors import SandboxError
+from clotho.errors import ConfigError, ErrorInfo, SandboxError
 from clotho.sandbox import open_sandbox, proctree
 from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import DockerSandboxConfig
@@ -357,20 +357,30 @@ async def test_output_after_a_shell_died_is_dropped_quietly(
     assert not [r for r in caplog.records if r.name == "asyncio" and r.levelname == "ERROR"]
 
 
-async def test_bwrap_isolation_needs_bubblewrap_in_the_image(
-    slot_host: SlotHost, docker: Any, marker: str, no_bwrap_image: str
+@pytest.mark.parametrize("isolation", ["bwrap", "auto"])
+async def test_slots_are_never_silently_unisolated(
+    slot_host: SlotHost, docker: Any, marker: str, no_bwrap_image: str, isolation: str
 ) -> None:
+    """An image without bubblewrap: `bwrap` and `auto` both refuse (a config error naming
+    the image and the fixes), twice (the second from what the image was found to be), and
+    leave no container; shared slots without isolation only when asked by name."""
     config = DockerSandboxConfig(
-        image=no_bwrap_image, slots_per_container=2, slot_isolation="bwrap"
+        image=no_bwrap_image, slots_per_container=2, slot_isolation=isolation
     )
-    with pytest.raises(SandboxError, match=r"no bwrap .*slot_isolation='none'"):
-        await slot_host.open(config, {"probe": marker})
-    # auto falls back to slots without isolation, says so, and copies the image's workspace.
-    auto = config.model_copy(update={"slot_isolation": "auto"})
-    slots = await open_slots(slot_host, auto, marker, 2)
+    for _ in range(2):
+        with pytest.raises(ConfigError) as caught:
+            await slot_host.open(config, {"probe": marker})
+        message = str(caught.value)
+        assert no_bwrap_image in message and "no bwrap" in message
+        assert "slot_isolation=none" in message and "slots_per_container=1" in message
+        assert ErrorInfo.of(caught.value).kind == "config"
+        assert await containers(docker, marker) == []
+    # Asked by name: shared, unisolated, and the image's workspace copied into each slot.
+    named = config.model_copy(update={"slot_isolation": "none"})
+    slots = await open_slots(slot_host, named, marker, 2)
     try:
         found = await containers(docker, marker)
-        assert len(found) == 1  # the refused container is gone
+        assert len(found) == 1
         assert found[0]["Config"]["Labels"][SLOT_ISOLATION] == "none"
         assert not found[0]["HostConfig"].get("SecurityOpt")
         for s in slots:

@@ -12,10 +12,12 @@ slots only during the first half of its lease, so no slot outlives the lease on 
 
 Isolation: user namespaces are blocked by Docker's default seccomp profile, so a container
 meant for isolated slots runs with `seccomp=unconfined` (capabilities stay Docker's reduced
-set, /proc stays masked). `auto` tries that once per image and falls back to none (in a
-container with the default profile) when bubblewrap is missing or does not work; the choice
-is logged and written in the container's `clotho.slot-isolation` label. What an image was
-found to be is remembered by image ID (`ImageFactsCache`), so a rebuilt tag is probed afresh.
+set, /proc stays masked). `auto` and `bwrap` probe that once per image; where bubblewrap is
+missing or does not work, opening a slot is a `ConfigError` naming the image and the fixes:
+slots share a container unisolated only with `slot_isolation = none`, asked by name, never
+as a silent fallback. The choice is written in the container's `clotho.slot-isolation`
+label. What an image was found to be is remembered by image ID (`ImageFactsCache`), so a
+rebuilt tag is probed afresh.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clotho.errors import SandboxError
+from clotho.errors import ConfigError, SandboxError
 from clotho.sandbox import exit_cleanup, proctree
 from clotho.sandbox.config import (
     DEFAULT_DOCKER_MEMORY_MB,
@@ -109,11 +111,16 @@ class NestedShellChannel(ShellChannel):
         await self._inner.close()
 
 
-def _no_bwrap(config: DockerSandboxConfig, problem: str) -> SandboxError:
-    return SandboxError(
-        f"slot_isolation='bwrap' cannot isolate slots in {config.image}: {problem}. "
-        "Use slot_isolation='none' (slots see each other) or 'auto', or an image with "
-        "bubblewrap and util-linux (setpriv)"
+def _no_bwrap(config: DockerSandboxConfig, problem: str) -> ConfigError:
+    """Slots that cannot be isolated are refused, `auto` included: sharing a container
+    unisolated (neighbours writing each other's /app) happens only when asked by name."""
+    return ConfigError(
+        f"slots_per_container={config.slots_per_container} with "
+        f"slot_isolation='{config.slot_isolation}' needs bubblewrap to keep slots apart, and "
+        f"it cannot in the image {config.image}: {problem}. Install bubblewrap and "
+        "util-linux (setpriv, prlimit) in the image, or set sandbox.slots_per_container=1 "
+        "(a container per sandbox), or sandbox.slot_isolation=none to share containers "
+        "without isolation (slots then see and change each other's files)"
     )
 
 
@@ -298,12 +305,10 @@ class SlotHost:
     async def _start_container(self, box: _SharedContainer) -> None:
         config = box.config
         facts = await self._facts(config.image)
-        want = config.slot_isolation
-        if want == "auto" and facts.bwrap is not None:
-            want = "bwrap" if facts.bwrap else "none"
+        want = "none" if config.slot_isolation == "none" else "bwrap"  # auto: bwrap or error
         if want == "bwrap" and facts.bwrap is False:
             raise _no_bwrap(config, facts.problem)
-        await self._create(box, isolation=want if want != "auto" else "bwrap")
+        await self._create(box, isolation=want)
         probe_bwrap = box.isolation == "bwrap" and facts.bwrap is None
         if facts.bash is not None and not probe_bwrap:
             box.bash = facts.bash
@@ -327,13 +332,7 @@ class SlotHost:
         problem = "\n".join(line for line in output.splitlines() if line != "bash").strip()
         facts.problem = problem or f"exit {code}"
         await self._delete(box)
-        if config.slot_isolation == "bwrap":
-            raise _no_bwrap(config, facts.problem)
-        log.warning(
-            "slots in %s run without isolation: bubblewrap does not work there (%s)",
-            config.image, facts.problem,
-        )  # fmt: skip
-        await self._create(box, isolation="none")
+        raise _no_bwrap(config, facts.problem)
 
     async def _create(self, box: _SharedContainer, *, isolation: str) -> None:
         from aiodocker.exceptions import DockerError
