@@ -66,11 +66,12 @@ def relay_command(socket_path: str, port: int) -> str:
     sock, port_arg = shlex.quote(socket_path), str(int(port))
     python = f"python3 -c {shlex.quote(source)} {sock} {port_arg}"
     node = f"node -e {shlex.quote(relay.NODE_RELAY)} {sock} {port_arg}"
-    # The relay runs in its own session, its output a pipe this command reads one line of:
-    # the command returns once the port listens, and the relay outlives it.
+    # POSIX sh: the relay starts in the background (in its own session where the image has
+    # setsid) and its first line goes down the pipe this command reads: the command returns
+    # once the port listens, and the relay outlives it (it sends nothing more down the pipe).
     start = (
-        "( exec 3< <(exec setsid {} 2>&1 </dev/null); "
-        'IFS= read -r line <&3; printf "%s\\n" "$line" )'
+        "( S=$(command -v setsid || true); $S {} </dev/null 2>&1 & ) | "
+        '( IFS= read -r line; printf "%s\\n" "$line" )'
     )
     return (
         f"if command -v python3 >/dev/null 2>&1; then {start.format(python)}; "

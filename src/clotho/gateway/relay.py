@@ -48,6 +48,8 @@ def _serve(conn, path):
 
 def main(argv):
     path, port = argv[1], int(argv[2])
+    with contextlib.suppress(OSError):
+        os.setsid()  # out of the launching command's process group, if `setsid` was not there
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
