@@ -5,13 +5,15 @@
 """
 
 from clotho.rollout.outcome import Phase, PhaseTimings, RolloutOutcome, VerifierOutcome
-from clotho.rollout.run import RolloutSpec, run_rollout
+from clotho.rollout.run import RETRY_DELAY_S, RolloutSpec, run_retried, run_rollout
 
 __all__ = [
+    "RETRY_DELAY_S",
     "Phase",
     "PhaseTimings",
     "RolloutOutcome",
     "RolloutSpec",
     "VerifierOutcome",
+    "run_retried",
     "run_rollout",
 ]

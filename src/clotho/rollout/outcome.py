@@ -46,6 +46,9 @@ class RolloutOutcome(BaseModel):
     phase: Phase = "acquire"
     duration_s: float = 0.0
     timings: PhaseTimings = Field(default_factory=PhaseTimings)
+    lost_tries: list[ErrorInfo] = Field(
+        default_factory=list, description="infra errors of earlier tries, retried in the run"
+    )
 
     @classmethod
     def failed(cls, exc: BaseException, what: str) -> RolloutOutcome:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from clotho.agent.base import Agent, AgentContext
 from clotho.agent.result import AgentResult
@@ -43,6 +44,10 @@ _UNTYPED_KIND: dict[Phase, ErrorKind] = {
     "done": "infra",
 }
 
+
+# The pause before a retry, doubled for each further one: a backend that hiccuped gets a
+# moment to come back, a lost node's loss a moment to be seen.
+RETRY_DELAY_S = 1.0
 
 # A task format's default wall clock adds this to its agent's and verifier's limits: sandbox
 # start, workspace upload, image facts, an install.
@@ -179,3 +184,35 @@ async def _phases(
         clock.last = time.perf_counter()  # an interrupted phase keeps what it had so far
         await asyncio.shield(pool.release(sandbox))
         clock.mark("release_s")
+
+
+class Retries(Protocol):
+    """Which failed tries run again (`clotho.runs.schedule.RetryBudget`)."""
+
+    def take(self, error: ErrorInfo | None, tries: int) -> bool: ...
+
+
+async def run_retried(
+    attempt: Callable[[bool], Awaitable[RolloutOutcome]],
+    retries: Retries,
+    *,
+    on_lost: Callable[[RolloutOutcome, list[ErrorInfo]], Awaitable[None]] | None = None,
+    delay_s: float | None = None,
+) -> RolloutOutcome:
+    """One attempt, tried again while `retries` says so (infra errors only: the agent's,
+    the task's and the verifier's failures are never retried), so eval and training lose
+    the same tries. `attempt(retry)` runs one try (a fresh sandbox each time); `on_lost(try,
+    errors before it)` hears of a try before it runs again. The outcome that stands carries
+    the lost tries' errors in `lost_tries`."""
+    pause = RETRY_DELAY_S if delay_s is None else delay_s
+    lost: list[ErrorInfo] = []
+    outcome = await attempt(False)
+    while retries.take(outcome.error, len(lost) + 1):
+        assert outcome.error is not None
+        if on_lost is not None:
+            await on_lost(outcome, lost)
+        lost.append(outcome.error)
+        await asyncio.sleep(pause * 2 ** (len(lost) - 1))
+        outcome = await attempt(True)
+    outcome.lost_tries = lost
+    return outcome

@@ -18,13 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clotho.agent.base import Agent
-from clotho.agent.llm import LLMAgent
-from clotho.agent.loop import AgentLimits
-from clotho.agent.reference import NopAgent, OracleAgent
-from clotho.chat.client import ModelConfig
-from clotho.chat.models import Model, build_model
+from clotho.agent.factory import build_agent as build_named_agent
+from clotho.chat.models import Model
 from clotho.errors import ErrorInfo
-from clotho.rollout import RolloutOutcome, run_rollout
+from clotho.rollout import RolloutOutcome, run_retried, run_rollout
 from clotho.runs.metrics import compute_metrics
 from clotho.runs.plan import EvalPlan, plan_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialDetail, TrialRecord
@@ -32,25 +29,15 @@ from clotho.runs.schedule import EnvironmentScheduler, RetryBudget
 from clotho.runs.store import RunStore
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.tasks.base import EvalTask
-from clotho.tools.builtin import default_registry
 
 Listener = Callable[[str, object], None]
-
-# The pause before a retry, doubled for each further one: a backend that hiccuped gets a
-# moment to come back, a lost node's loss a moment to be seen.
-RETRY_DELAY_S = 1.0
 
 
 async def build_agent(config: EvalConfig) -> tuple[Agent, Model | None]:
     """The agent, and the model client to close afterwards (None for reference agents)."""
-    if config.agent == "oracle":
-        return OracleAgent(), None
-    if config.agent == "nop":
-        return NopAgent(), None
-    # No endpoint configured: the embedded local model.
-    client = await build_model(config.model or ModelConfig())
-    tools = default_registry().resolve(config.toolsets)
-    return LLMAgent(client, tools, AgentLimits(max_turns=config.max_turns)), client
+    return await build_named_agent(
+        config.agent, config.model, config.toolsets, max_turns=config.max_turns
+    )
 
 
 class _Recorder:
@@ -171,15 +158,13 @@ async def _run_pending(
             return await run_rollout(spec, pool)
 
     async def one(index: int, task: EvalTask, attempt: int) -> None:
-        lost: list[ErrorInfo] = []
-        outcome = await once(index, task, attempt, retry=False)
-        while budget.take(outcome.error, len(lost) + 1):
-            assert outcome.error is not None
-            await recorder.lost(task, attempt, outcome, lost)
-            lost.append(outcome.error)
-            await asyncio.sleep(RETRY_DELAY_S * 2 ** (len(lost) - 1))
-            outcome = await once(index, task, attempt, retry=True)
-        await recorder.outcome(task, attempt, outcome, lost)
+        async def lost(outcome: RolloutOutcome, before: list[ErrorInfo]) -> None:
+            await recorder.lost(task, attempt, outcome, before)
+
+        outcome = await run_retried(
+            lambda retry: once(index, task, attempt, retry), budget, on_lost=lost
+        )
+        await recorder.outcome(task, attempt, outcome, outcome.lost_tries)
 
     async with scheduler, asyncio.TaskGroup() as group:
         for index, (task, attempt) in enumerate(plan.pending):
