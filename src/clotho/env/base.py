@@ -14,11 +14,11 @@ import abc
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
 
-from clotho.agent.llm import DEFAULT_SYSTEM_PROMPT, LLMAgent
-from clotho.agent.loop import AgentLimits
+from clotho.agent.factory import llm_agent
+from clotho.agent.llm import LLMAgent
 from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
 from clotho.chat.models import Model, build_model
@@ -29,22 +29,30 @@ from clotho.chat.tokens import NOT_SAMPLED
 from clotho.env.checkpoint import rng_state, set_rng_state
 from clotho.env.config import EnvConfig
 from clotho.env.context import ToolContext
+from clotho.env.evaluation import EvalSample
 from clotho.env.scored import GroupStats, ScoredGroup
 from clotho.errors import ConfigError
-from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_rollout
-from clotho.sandbox import Sandbox, SandboxConfig
+from clotho.rollout import (
+    RolloutOutcome,
+    RolloutSpec,
+    VerifierOutcome,
+    run_retried,
+    run_rollout,
+)
+from clotho.runs.schedule import RetryBudget
+from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.sandbox.backends import missing_extra
 from clotho.sandbox.pool import SlotPool
 from clotho.tools.builtin import default_registry
 from clotho.tools.registry import ToolRegistry
 from clotho.tools.tool import Tool
 
-if TYPE_CHECKING:
-    from clotho.env.evaluation import EvalSample
-
 log = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
+Key = TypeVar("Key", bound=Hashable)
+# One training sequence of a rollout: its tokens, masks and (token backends) logprobs.
+_Row = tuple[RolloutOutcome, list[int], list[int], list[float] | None]
 # Sees each rollout as it ends: its item, its tools and its outcome.
 OnRollout = Callable[[Any, Sequence[Tool], RolloutOutcome], Awaitable[None]]
 
@@ -71,6 +79,7 @@ class Environment(abc.ABC, Generic[Item]):
         self._tokenizer: Any = None
         self._loading = asyncio.Lock()  # concurrent first rollouts load the model once
         self._observers: list[OnRollout] = []
+        self._retry_observers: list[OnRollout] = []
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -110,14 +119,38 @@ class Environment(abc.ABC, Generic[Item]):
             )
         return reward
 
-    async def evaluate(self) -> list[EvalSample]:
-        """One sample per item of the environment's evaluation set."""
+    async def evaluation_items(self) -> Sequence[Item]:
+        """The items of the environment's evaluation set (what `evaluate()` runs)."""
         raise NotImplementedError(f"{type(self).__name__} has no evaluation set")
+
+    def sample_label(self, item: Item) -> tuple[str, str]:
+        """An evaluated item's name and category in the run directory."""
+        return str(getattr(item, "name", item)), "uncategorized"
+
+    async def evaluate(self) -> list[EvalSample]:
+        """One sample per item of `evaluation_items()`, `eval_concurrency` rollouts at a
+        time, each through the rollout path training uses (infra failures retried)."""
+        items = await self.evaluation_items()
+        tools = self.resolve_tools()
+        semaphore = asyncio.Semaphore(self.config.eval_concurrency)
+
+        async def one(item: Item) -> EvalSample:
+            async with semaphore:
+                rollout = await self.rollout(item, tools)
+            name, category = self.sample_label(item)
+            return EvalSample(name=name, category=category, rollout=rollout)
+
+        return list(await asyncio.gather(*(one(item) for item in items)))
 
     def has_evaluation(self) -> bool:
         """Whether `evaluate()` can run (serve refuses `steps_per_eval` otherwise). Default:
-        the subclass defines it; one whose evaluation set is configured says so."""
-        return type(self).evaluate is not Environment.evaluate
+        the subclass gives an evaluation set (or its own `evaluate`); one whose evaluation
+        set is configured says so."""
+        cls = type(self)
+        return (
+            cls.evaluate is not Environment.evaluate
+            or cls.evaluation_items is not Environment.evaluation_items
+        )
 
     # -- resuming (clotho serve --state-dir) --------------------------------------------
 
@@ -179,7 +212,9 @@ class Environment(abc.ABC, Generic[Item]):
         config = self.config.model
         if config is not None and config.api != "local":
             for url in config.base_urls:
-                await probe_endpoint(url, config.api_key_env)
+                # The probe's HTTP client loads the TLS trust store (~0.1 s of CPU): on a loop
+                # of its own in a worker thread, so this loop never waits for it.
+                await asyncio.to_thread(asyncio.run, probe_endpoint(url, config.api_key_env))
 
     def _require_pool(self) -> SlotPool:
         if self.pool is None:
@@ -193,16 +228,41 @@ class Environment(abc.ABC, Generic[Item]):
                 self.model = await build_model(self.config.model or ModelConfig())
         return self.model
 
+    async def prepare_environments(
+        self, specs: Mapping[Key, EnvironmentSpec]
+    ) -> dict[Key, PreparedEnvironment]:
+        """Each task environment prepared (its image built or found, its limits applied) on
+        the configured sandbox, `prepare_concurrency` at a time: N tasks' images build side
+        by side, not one after another. The first failure stops the rest and is raised as
+        itself (a task whose image cannot build is a one-line `TaskError`)."""
+        pool = self._require_pool()
+        semaphore = asyncio.Semaphore(self.config.prepare_concurrency)
+        prepared: dict[Key, PreparedEnvironment] = {}
+
+        async def one(key: Key, spec: EnvironmentSpec) -> None:
+            async with semaphore:
+                prepared[key] = await pool.prepare(self.config.sandbox, spec)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for key, spec in specs.items():
+                    group.create_task(one(key, spec))
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        return {key: prepared[key] for key in specs}
+
     def agent(self, tools: Sequence[Tool]) -> LLMAgent:
-        """The agent of one rollout (the model is loaded by then)."""
+        """The agent of one rollout (the model is loaded by then), from the factory
+        `clotho eval` uses."""
         assert self.model is not None
-        limits = AgentLimits(
+        return llm_agent(
+            self.model,
+            tools,
             max_turns=self.config.max_turns,
             time_limit_s=self.config.time_limit_s,
             max_total_tokens=self.config.max_total_tokens,
+            system_prompt=self.config.system_prompt,
         )
-        prompt = self.config.system_prompt or DEFAULT_SYSTEM_PROMPT
-        return LLMAgent(self.model, tools, limits, system_prompt=prompt)
 
     def rollout_spec(self, item: Item, tools: Sequence[Tool]) -> RolloutSpec:
         """The attempt one rollout of `item` makes. Environments over a task format return
@@ -234,10 +294,31 @@ class Environment(abc.ABC, Generic[Item]):
         of dropped groups included (an SFT export sees what a sink never receives)."""
         self._observers.append(observer)
 
+    def on_retry(self, observer: OnRollout) -> None:
+        """Call `observer(item, tools, outcome)` with each try lost to an infra error, before
+        it runs again (`on_rollout` sees only the outcome that stands)."""
+        self._retry_observers.append(observer)
+
     async def rollout(self, item: Item, tools: Sequence[Tool]) -> RolloutOutcome:
-        """One rollout of `item` through the one rollout path, in a sandbox from the pool."""
+        """One rollout of `item` through the one rollout path, in a sandbox from the pool; a
+        try lost to an infra error runs again, up to `retries` times, as in `clotho eval`
+        (the agent's failures never do). The lost tries' errors stay on the outcome."""
         await self._require_model()
-        outcome = await run_rollout(self.rollout_spec(item, tools), self._require_pool())
+        pool = self._require_pool()
+        retries = RetryBudget(self.config.retries, self.config.retries)
+
+        async def attempt(retry: bool) -> RolloutOutcome:
+            return await run_rollout(self.rollout_spec(item, tools), pool)
+
+        async def lost(outcome: RolloutOutcome, before: list[Any]) -> None:
+            log.warning(
+                "a %s rollout was lost to the infrastructure (try %d), running it again: %s",
+                self.name, len(before) + 1, outcome.error.message if outcome.error else "",
+            )  # fmt: skip
+            for observer in self._retry_observers:
+                await observer(item, tools, outcome)
+
+        outcome = await run_retried(attempt, retries, on_lost=lost)
         for observer in self._observers:
             await observer(item, tools, outcome)
         if outcome.error is not None and outcome.error.kind == "verifier":
@@ -270,7 +351,10 @@ class Environment(abc.ABC, Generic[Item]):
                     self._tokenizer = await asyncio.to_thread(
                         TemplateTokenizer.from_path, self.config.tokenizer
                     )
-        return self.score_group(valid, tools), rollouts
+        # Rendering a chat template and encoding long conversations takes a while: done in a
+        # thread, so the loop keeps driving the other groups' rollouts meanwhile.
+        rows = await asyncio.to_thread(self._token_rows, valid, tools)
+        return self._group_of(rows), rollouts
 
     def tokenize(
         self, messages: list[dict[str, Any]], tools: Sequence[Tool]
@@ -287,8 +371,14 @@ class Environment(abc.ABC, Generic[Item]):
     ) -> ScoredGroup | None:
         """One row per training sequence: exact ledger sequences from a token backend, else
         the chat template's tokens and masks (phase 1). A rollout whose template rewrote
-        earlier turns gives several rows, each with the rollout's score."""
-        rows: list[tuple[RolloutOutcome, list[int], list[int], list[float] | None]] = []
+        earlier turns gives several rows, each with the rollout's score. (`collect_group`
+        tokenizes in a thread; this is the same for direct, synchronous use.)"""
+        return self._group_of(self._token_rows(rollouts, tools))
+
+    def _token_rows(self, rollouts: list[RolloutOutcome], tools: Sequence[Tool]) -> list[_Row]:
+        """Each rollout's sequences: its ledger's, or its messages tokenized. Touches no
+        shared state, so it can run in a worker thread."""
+        rows: list[_Row] = []
         for rollout in rollouts:
             sequences = rollout.agent.sequences if rollout.agent is not None else None
             if sequences is not None:
@@ -296,6 +386,10 @@ class Environment(abc.ABC, Generic[Item]):
             else:
                 ids, mask = self.tokenize(rollout.messages, tools)
                 rows.append((rollout, ids, mask, None))
+        return rows
+
+    def _group_of(self, rows: list[_Row]) -> ScoredGroup | None:
+        """The group of the rows (counting what is dropped or truncated)."""
         # A token backend's rollout stopped before its first token has no sequence to train.
         rows = [row for row in rows if row[1] or row[3] is None]
         if not rows:
@@ -332,8 +426,11 @@ class Environment(abc.ABC, Generic[Item]):
         )
 
     async def close(self) -> None:
-        """Close the pool and the model client."""
+        """Close the pool and the model client, and let the tokenizer go."""
         if self.pool is not None:
             await self.pool.close()
         if self.model is not None:
             await self.model.aclose()
+        if self._tokenizer is not None:  # freeing a large vocabulary takes ~0.1 s of CPU
+            held, self._tokenizer = [self._tokenizer], None
+            await asyncio.to_thread(held.clear)

@@ -41,6 +41,16 @@ class EnvConfig(BaseModel):
         "environments with their own hooks; task formats use their task's limits, as eval "
         "does; reaching it is the agent's failure",
     )
+    retries: int = Field(
+        2,
+        ge=0,
+        description="a rollout that failed with an infra error (a lost node, a broken sandbox "
+        "backend, a model outage) runs again, up to this many times, as clotho eval's attempts "
+        "do; the agent's, the task's and the verifier's failures never do",
+    )
+    prepare_concurrency: int = Field(
+        4, ge=1, description="task environments (images, limits) prepared at once in setup"
+    )
     failure_score: float = Field(
         0.0,
         allow_inf_nan=False,

@@ -138,6 +138,7 @@ class GroupStats(BaseModel):
         self.groups += 1
         self.rollouts += len(rollouts)
         for r in rollouts:
+            self.retries += len(r.lost_tries)
             if r.error is None:
                 continue
             self.errors[r.error.kind] = self.errors.get(r.error.kind, 0) + 1
@@ -161,6 +162,9 @@ class GroupStats(BaseModel):
         0, description="failed rollouts kept in their group with the failure score"
     )
     truncated: int = Field(0, description="sequences cut to max_token_length")
+    retries: int = Field(
+        0, description="tries lost to infra errors and run again (not counted as rollouts)"
+    )
 
 
 __all__ = [

@@ -45,7 +45,6 @@ from clotho.chat.client import ModelConfig
 from clotho.chat.models import Model, build_model
 from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
-from clotho.env.evaluation import EvalSample
 from clotho.env.scored import GroupStats
 from clotho.envs.endless_build import (
     BuildSettings,
@@ -403,8 +402,8 @@ class EndlessEnv(HarborRollouts, Environment[Task]):
 
     # -- rollouts ----------------------------------------------------------------------
 
-    async def evaluate(self) -> list[EvalSample]:
-        """One rollout of each task under `eval_tasks` (say, the tasks an earlier run saved)."""
+    async def evaluation_items(self) -> list[Task]:
+        """Each task under `eval_tasks` (say, the tasks an earlier run saved), once."""
         if not self.config.eval_tasks:
             raise ConfigError(_NO_EVALUATION_SET)
         if self._eval_tasks is None:
@@ -414,20 +413,14 @@ class EndlessEnv(HarborRollouts, Environment[Task]):
                 raise ConfigError("; ".join(str(e) for _, e in errors))
             if not tasks:
                 raise ConfigError(f"no tasks under {self.config.eval_tasks}")
-            pool = self._require_pool()
-            for task in tasks:
-                spec = environment_spec(task)
-                self._prepared[task.path] = await pool.prepare(self.config.sandbox, spec)
+            self._prepared.update(
+                await self.prepare_environments({t.path: environment_spec(t) for t in tasks})
+            )
             self._eval_tasks = tasks
-        tools = self.resolve_tools()
-        semaphore = asyncio.Semaphore(self.config.eval_concurrency)
+        return self._eval_tasks
 
-        async def one(task: Task) -> EvalSample:
-            async with semaphore:
-                rollout = await self.rollout(task, tools)
-            return EvalSample(name=task.name, category=task.category, rollout=rollout)
-
-        return list(await asyncio.gather(*(one(t) for t in self._eval_tasks)))
+    def sample_label(self, item: Task) -> tuple[str, str]:
+        return item.name, item.category
 
     async def close(self) -> None:
         self._closing = True

@@ -18,7 +18,6 @@ from clotho.agent.llm import LLMAgent
 from clotho.data import DatasetSource, source_list
 from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
-from clotho.env.evaluation import EvalSample
 from clotho.env.pass_order import PassOrder, PassOrdered
 from clotho.errors import ConfigError
 from clotho.rollout import RolloutSpec
@@ -87,13 +86,11 @@ class SweEnv(PassOrdered, Environment[SweInstance]):
             self.instances, lambda i: i.instance_id,
             seed=self.config.seed, shuffle=self.config.shuffle,
         )  # fmt: skip
-        pool = self._require_pool()
-        self._prepared: dict[str, PreparedEnvironment] = {}
+        specs = {}  # one preparation per image, several at a time
         for trial in self.trials.values():
             spec = trial.environment_spec()
-            key = spec.image or ""
-            if key not in self._prepared:
-                self._prepared[key] = await pool.prepare(self.config.sandbox, spec)
+            specs.setdefault(spec.image or "", spec)
+        self._prepared: dict[str, PreparedEnvironment] = await self.prepare_environments(specs)
 
     @staticmethod
     async def _load(sources: list[str | DatasetSource]) -> list[SweInstance]:
@@ -138,13 +135,8 @@ class SweEnv(PassOrdered, Environment[SweInstance]):
         spec.solution_dir = None  # the model's agent never sees the reference patch
         return spec
 
-    async def evaluate(self) -> list[EvalSample]:
-        tools = self.resolve_tools()
-        semaphore = asyncio.Semaphore(self.config.eval_concurrency)
+    async def evaluation_items(self) -> list[SweInstance]:
+        return self.eval_instances
 
-        async def one(item: SweInstance) -> EvalSample:
-            async with semaphore:
-                rollout = await self.rollout(item, tools)
-            return EvalSample(name=item.instance_id, category=item.repo_category, rollout=rollout)
-
-        return list(await asyncio.gather(*(one(i) for i in self.eval_instances)))
+    def sample_label(self, item: SweInstance) -> tuple[str, str]:
+        return item.instance_id, item.repo_category

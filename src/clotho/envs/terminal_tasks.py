@@ -12,7 +12,6 @@ from pydantic import Field
 from clotho.data import DatasetSource
 from clotho.env.base import Environment
 from clotho.env.config import EnvConfig
-from clotho.env.evaluation import EvalSample
 from clotho.env.pass_order import PassOrder, PassOrdered
 from clotho.envs.harbor_rollouts import HarborRollouts
 from clotho.errors import ConfigError
@@ -49,13 +48,12 @@ class TerminalTasksEnv(HarborRollouts, PassOrdered, Environment[Task]):
             self.tasks, lambda t: t.name, seed=self.config.seed, shuffle=self.config.shuffle
         )
         # Each task's sandbox (its image built once per content, its limits) before the first
-        # rollout needs it; the backend decides what that takes.
-        pool = self._require_pool()
+        # rollout needs it, several at a time; the backend decides what that takes.
         self._init_rollouts()
-        for task in {t.path: t for t in [*self.tasks, *self.eval_tasks]}.values():
-            self._prepared[task.path] = await pool.prepare(
-                self.config.sandbox, environment_spec(task)
-            )
+        tasks = {t.path: t for t in [*self.tasks, *self.eval_tasks]}
+        self._prepared = await self.prepare_environments(
+            {path: environment_spec(task) for path, task in tasks.items()}
+        )
 
     @staticmethod
     async def _load(sources: list[str | DatasetSource]) -> list[Task]:
@@ -66,13 +64,8 @@ class TerminalTasksEnv(HarborRollouts, PassOrdered, Environment[Task]):
             raise ConfigError(f"no tasks under {sources}")
         return tasks
 
-    async def evaluate(self) -> list[EvalSample]:
-        tools = self.resolve_tools()
-        semaphore = asyncio.Semaphore(self.config.eval_concurrency)
+    async def evaluation_items(self) -> list[Task]:
+        return self.eval_tasks
 
-        async def one(task: Task) -> EvalSample:
-            async with semaphore:
-                rollout = await self.rollout(task, tools)
-            return EvalSample(name=task.name, category=task.category, rollout=rollout)
-
-        return list(await asyncio.gather(*(one(t) for t in self.eval_tasks)))
+    def sample_label(self, item: Task) -> tuple[str, str]:
+        return item.name, item.category

