@@ -23,6 +23,7 @@ async def write_evaluation(samples: list[EvalSample], out: Path, agent: str) -> 
             attempt=sample.attempt,
             agent=agent,
         )
+        record.lost_tries = list(sample.rollout.lost_tries)  # retried in the run, as in eval
         await store.append(record, TrialDetail.of(record, sample.rollout))
     metrics = compute_metrics(await asyncio.to_thread(store.load_records))
     store.write_metrics(metrics)
