@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -77,6 +78,163 @@ def cgroup_dirs(pid: int, container_id: str) -> dict[str, Path]:
     return {k: v for k, v in found.items() if v.is_dir()}
 
 
+# Processes a container keeps beyond its slots' shares: the harness's own execs (slot shells
+# starting, clean-up, fresh verifier processes), so a slot at its limit never starves them.
+SLOT_PIDS_RESERVE = 64
+MIN_SLOT_PIDS = 32
+
+
+def slot_pids(pids_limit: int | None, slots: int) -> int | None:
+    """One slot's share of a container's processes (None: no limit configured)."""
+    if pids_limit is None:
+        return None
+    return max(MIN_SLOT_PIDS, (pids_limit - SLOT_PIDS_RESERVE) // slots)
+
+
+def container_pids(pids_limit: int | None, slots: int) -> int | None:
+    """The container's pids limit with `slots` slots: the configured one, raised when the
+    slots' shares and the reserve need more (a share never reaches the container's limit)."""
+    share = slot_pids(pids_limit, slots)
+    if pids_limit is None or share is None:
+        return pids_limit
+    return max(pids_limit, share * slots + SLOT_PIDS_RESERVE)
+
+
+class SlotCgroup:
+    """A slot's own memory and pids cgroups, children of its container's (cgroup v1, a local
+    daemon, a harness allowed to write the host's cgroup tree).
+
+    The slot's shell is moved in once started (idle: nothing of it forks meanwhile), so
+    everything it starts is counted here and nowhere else: its own pids limit (a fork bomb
+    starves only itself) and, v1 counting an OOM kill in the victim's cgroup only, an OOM
+    kill of one of its processes is its own, whatever the command's exit code hid. Inside,
+    the container's /sys/fs/cgroup is read-only, so nothing the slot does moves it out.
+    runc removes these folders with the container; `remove` does it for a slot closed before.
+    """
+
+    def __init__(
+        self, dirs: dict[str, Path], name: str, pids_max: int | None, memory_mb: int | None
+    ) -> None:
+        self.memory = dirs["memory"] / name
+        self.pids = dirs["pids"] / name
+        self.pids_max = pids_max
+        self.memory_mb = memory_mb  # the container's, shared with the neighbours
+        self._container = ""
+        self._fds: dict[str, int | None] = {}
+        self._base = (0, 0)
+
+    @classmethod
+    def create(
+        cls,
+        dirs: dict[str, Path] | None,
+        container_id: str,
+        name: str,
+        pids_max: int | None,
+        memory_mb: int | None = None,
+    ) -> SlotCgroup | None:
+        """The slot's cgroups, or None where they cannot be made (no host cgroup folders,
+        cgroup v2, no right to write them): the slot then shares its container's counters."""
+        if not dirs or "memory" not in dirs or "pids" not in dirs:
+            return None
+        if not (dirs["memory"] / "memory.oom_control").exists():  # v2: one tree, see above
+            return None
+        group = cls(dirs, name, pids_max, memory_mb)
+        group._container = container_id
+        try:
+            for folder in (group.memory, group.pids):
+                folder.mkdir()
+            if pids_max is not None:
+                (group.pids / "pids.max").write_text(str(pids_max))
+        except OSError as exc:
+            log.info("slot cgroups under %s unavailable (%s): counters are shared", dirs, exc)
+            group.remove()
+            return None
+        group._fds = {
+            "oom": _open(group.memory / "memory.oom_control"),
+            "pids": _open(group.pids / "pids.events"),
+        }
+        group._base = group.counters()
+        return group
+
+    def counters(self) -> tuple[int, int]:
+        return _read_counter(self._fds.get("oom"), "oom_kill"), _read_counter(
+            self._fds.get("pids"), "max"
+        )
+
+    def adopt(self, pids: list[int]) -> None:
+        """Move these host processes (the slot's idle shell and its parents) in; only
+        processes of this container are ever moved."""
+        for pid in pids:
+            try:
+                if self._container not in Path(f"/proc/{pid}/cgroup").read_text():
+                    continue
+                (self.memory / "cgroup.procs").write_text(str(pid))
+                (self.pids / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:
+                continue
+            except OSError as exc:
+                if not Path(f"/proc/{pid}").exists():
+                    continue
+                raise SandboxError(f"cannot move process {pid} into {self.pids}: {exc}") from exc
+
+    def hit(self) -> str | None:
+        """What the slot's own limits refused since it started, if anything."""
+        oom, pids = self.counters()
+        if oom > self._base[0]:
+            return (
+                f"the sandbox ran out of memory (limit {self.memory_mb} MB, shared with the "
+                "container's other slots): the kernel killed one of its processes"
+            )
+        if pids > self._base[1]:
+            return f"the sandbox hit its process limit ({self.pids_max}): a fork was refused"
+        return None
+
+    def members(self) -> list[int]:
+        try:
+            text = (self.pids / "cgroup.procs").read_text()
+        except OSError:
+            return []
+        return [int(line) for line in text.split()]
+
+    def kill_all(self, timeout: float = 30.0) -> list[int]:
+        """SIGKILL every process in the slot's cgroup, whatever its uid or environment says;
+        forks are refused first (pids.max 0), so one pass reaches them all; then wait (a
+        kill takes a moment to land) until none is alive. Blocking. Returns what is left."""
+        with contextlib.suppress(OSError):
+            (self.pids / "pids.max").write_text("0")
+        deadline = time.monotonic() + timeout
+        pause = 0.002
+        while left := [p for p in self.members() if not _dead(p)]:
+            if time.monotonic() > deadline:
+                return left
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(pause)  # a thread polling: no event says a process has exited
+            pause = min(pause * 2, 0.1)
+        return []
+
+    def remove(self) -> None:
+        """Close the counters and remove the folders (empty by now); idempotent."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        for folder in (self.memory, self.pids):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def _dead(pid: int) -> bool:
+    """Gone or a zombie (killed, waiting for its parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2 :][:1] in (b"Z", b"X")
+
+
 class LimitWatch:
     """Counts what a container's limits refused, and watches its disk use."""
 
@@ -117,6 +275,10 @@ class LimitWatch:
         if pids is not None:
             self._fds["pids"] = _open(pids / "pids.events")
         self._base = self._counters()
+
+    def slot_cgroup(self, name: str, pids_max: int | None) -> SlotCgroup | None:
+        """A slot's own cgroups under this container's (see `SlotCgroup`), or None."""
+        return SlotCgroup.create(self._dirs, str(self.container.id), name, pids_max, self.memory_mb)
 
     def close(self) -> None:
         """Close the counter files. Idempotent."""

@@ -24,11 +24,12 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from clotho.errors import SandboxError, TamperError
+from clotho.errors import LimitExceeded, SandboxError, TamperError
+from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import base_env
 from clotho.sandbox.docker.archive import (
     download_tree,
@@ -37,7 +38,7 @@ from clotho.sandbox.docker.archive import (
 )
 from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.docker.fresh import STOP_UID, fresh_exec, run_exec
-from clotho.sandbox.docker.limits import LimitWatch
+from clotho.sandbox.docker.limits import LimitWatch, SlotCgroup
 from clotho.sandbox.docker.slot_layout import REAP_SCRIPT, SlotLayout, container_path
 from clotho.sandbox.transfer import BIG_FILE, IS_DIR_EXIT, NOT_FOUND_EXIT, read_host_file
 
@@ -106,13 +107,17 @@ class SlotSandbox(DockerSandbox):
         retire: Callable[[SlotSandbox], Awaitable[None]],
         hide: list[str] | None = None,
         limits: LimitWatch | None = None,
+        cgroup: SlotCgroup | None = None,
     ) -> None:
         """`sandbox`: `DockerSandbox`'s arguments (config, docker, container, shell, labels);
         `hide`: container paths an isolated slot's bubblewrap covers besides /slots;
-        `limits`: the container's, shared by its slots."""
+        `limits`: the container's, shared by its slots; `cgroup`: the slot's own (its pids
+        limit, its OOM kills), None where the host does not allow them."""
         super().__init__(*sandbox)
         if limits is not None:
             self.limits = limits
+        self.cgroup = cgroup
+        self._slot_hit: str | None = None  # a limit of the slot's own cgroup broke it
         self.layout = layout
         self.slot = slot
         self.workdir = layout.sandbox_workdir
@@ -133,13 +138,45 @@ class SlotSandbox(DockerSandbox):
         fresh process started) plus `env`."""
         return {**self.layout.env(base_env(self.layout.home, self.config.env)), **(env or {})}
 
+    def _raise_if_slot_hit(self) -> None:
+        """`LimitExceeded` once the slot's own cgroup counted an OOM kill or a refused fork:
+        exact (only its processes are counted there), so whatever the exit code said."""
+        if self._slot_hit is None and self.cgroup is not None:
+            self._slot_hit = self.cgroup.hit()
+        if self._slot_hit is not None:
+            raise LimitExceeded(self._slot_hit)
+
+    async def _limited(self, run: Coroutine[Any, Any, ExecResult]) -> ExecResult:
+        """The container's checks (disk, shared counters), then the slot's own counters."""
+        if self._slot_hit is not None:
+            run.close()
+            raise LimitExceeded(self._slot_hit)
+        try:
+            result = await super()._limited(run)
+        except Exception:
+            self._raise_if_slot_hit()  # the shell died of it: the slot's limit says why
+            raise
+        self._raise_if_slot_hit()
+        return result
+
+    async def _stop_cgroup(self) -> None:
+        """Kill everything in the slot's cgroup (forks refused first): nothing a process
+        changes about itself takes it out of there."""
+        if self.cgroup is not None:
+            left = await asyncio.to_thread(self.cgroup.kill_all)
+            if left:
+                raise TamperError(f"processes of slot {self.slot} survived stopping: {left[:5]}")
+
     async def stop_agent(self) -> None:
-        """Kill every process of this slot only (by its token: a process that cleared its
-        environment survives without isolation), its neighbours untouched."""
+        """Kill every process of this slot only, its neighbours untouched: everything in its
+        cgroup, and everything with its token (without a slot cgroup, a process that
+        cleared its environment survives without isolation)."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
         self.limits.raise_if_hit(self._limit_who)  # a container killed past its disk quota
+        self._raise_if_slot_hit()
         self._stopped = True
+        await self._stop_cgroup()
         code, output = await run_exec(
             self.container, ["sh", "-c", REAP_SCRIPT, "stop", self.layout.token, "", ""]
         )
@@ -184,7 +221,9 @@ class IsolatedSlotSandbox(SlotSandbox):
         if self._closed:
             raise SandboxError("the sandbox is closed")
         self.limits.raise_if_hit(self._limit_who)  # a container killed past its disk quota
+        self._raise_if_slot_hit()
         self._stopped = True
+        await self._stop_cgroup()
         uid = self.layout.uid
         left: list[str] = []
         for _ in range(5):

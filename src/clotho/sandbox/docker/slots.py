@@ -5,8 +5,15 @@ Starting a container costs 200-400 ms and a few MB; a slot in a running one cost
 configuration that has one free, or starts a container for `slots_per_container` of them.
 Each slot has its own folder (`slot_layout.py`), its own persistent shell (over its own FIFOs
 or attach socket) and, with `slot_isolation` bwrap, its own uid, mount, network, IPC and UTS
-namespaces. Closing a slot kills all its processes (by its uid when isolated, and by the
-token in every process's environment) and wipes its folder; a freed slot number is used
+namespaces. Where the harness may write the host's cgroup v1 tree (root, a local daemon),
+each slot also gets its own memory and pids cgroups under its container's (`SlotCgroup`):
+a share of the container's pids limit (a fork bomb starves only its own slot), exact OOM
+and refused-fork counters (its failure is `limit` whatever its exit code hid), and a kill
+that no change of uid, session or environment escapes. Elsewhere (a remote daemon, cgroup
+v2, no right to write there) slots share their container's limits and counters, which
+count against a slot only when its own command died of SIGKILL. Closing a slot kills all
+its processes (its cgroup's, by its uid when isolated, and by the token in every process's
+environment) and wipes its folder; a freed slot number is used
 again for a fresh slot; the container goes when its last slot closes. A container takes new
 slots only during the first half of its lease, so no slot outlives the lease on it.
 
@@ -51,7 +58,7 @@ from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, make_fifos
 from clotho.sandbox.docker.fresh import run_exec
-from clotho.sandbox.docker.limits import LimitWatch
+from clotho.sandbox.docker.limits import LimitWatch, SlotCgroup, container_pids, slot_pids
 from clotho.sandbox.docker.slot_layout import (
     REAP_SCRIPT,
     SLOT_ROOT,
@@ -245,19 +252,56 @@ class SlotHost:
             session=config.shell == "session" and box.bash,
         )
         await shell.start()  # closes the channel itself when it fails
+        root = channel._inner.shell_pid if isinstance(channel, NestedShellChannel) else None
+        cgroup = None
+        try:
+            cgroup = await self._slot_cgroup(box, layout, root or channel.shell_pid)
+        except BaseException:
+            await shell.close()
+            raise
         cls = IsolatedSlotSandbox if layout.isolated else SlotSandbox
         return cls(
             config, self.docker, box.container, shell, labels,
-            layout=layout, slot=index, retire=lambda sb: self._give_back(box, index, layout),
-            hide=box.hide, limits=box.limits,
+            layout=layout, slot=index,
+            retire=lambda sb: self._give_back(box, index, layout, sb.cgroup),
+            hide=box.hide, limits=box.limits, cgroup=cgroup,
         )  # fmt: skip
 
+    async def _slot_cgroup(
+        self, box: _SharedContainer, layout: SlotLayout, root: int | None
+    ) -> SlotCgroup | None:
+        """The slot's own cgroups with its idle shell moved in (see `SlotCgroup`), or None
+        where they cannot be made (a remote daemon, cgroup v2, no right to write them)."""
+        if box.limits is None or root is None:
+            return None
+        share = slot_pids(box.config.pids_limit, box.config.slots_per_container)
+        name = f"clotho-slot-{layout.token}"
+        cgroup = await asyncio.to_thread(box.limits.slot_cgroup, name, share)
+        if cgroup is None:
+            return None
+        try:
+            await asyncio.to_thread(cgroup.adopt, [root, *proctree.descendants(root)])
+        except BaseException:
+            await asyncio.to_thread(cgroup.kill_all)
+            await asyncio.to_thread(cgroup.remove)
+            raise
+        return cgroup
+
     async def _give_back(
-        self, box: _SharedContainer, index: int, layout: SlotLayout | None
+        self,
+        box: _SharedContainer,
+        index: int,
+        layout: SlotLayout | None,
+        cgroup: SlotCgroup | None = None,
     ) -> None:
-        """Kill a slot's processes and wipe its folder; then its number is free again."""
+        """Kill a slot's processes (its cgroup's, whatever they did to their uid or
+        environment, then by uid and token) and wipe its folder; then its number is free."""
         reusable = True
         container = box.container
+        if cgroup is not None:
+            if await asyncio.to_thread(cgroup.kill_all):
+                reusable = False  # whatever is left dies with the container
+            await asyncio.to_thread(cgroup.remove)
         if layout is not None and container is not None:
             try:
                 code, output = await run_exec(
@@ -345,6 +389,10 @@ class SlotHost:
             SLOT_ISOLATION: isolation,
         }
         body = container_body(config, labels, box.lease_s)
+        if config.pids_limit:  # room for every slot's share and the harness's own processes
+            body["HostConfig"]["PidsLimit"] = container_pids(
+                config.pids_limit, config.slots_per_container
+            )
         if isolation == "bwrap":
             body["HostConfig"]["SecurityOpt"] = RELAXED
         if config.stdio == "fifo" and getattr(self.docker.connector, "path", None):
