@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from clotho.errors import TaskError
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import (
@@ -60,6 +61,44 @@ class EnvironmentSpec(BaseModel):
     storage_mb: int | None = Field(
         None, gt=0, description="enforced by the local backend; recorded by docker"
     )
+    network: bool | None = Field(
+        None,
+        description="the task's own say: True, it needs a network (refused when the run "
+        "gives its sandboxes none); False, it gets none even when the run does; None: the "
+        "run's setting",
+    )
+    build_hint: str | None = Field(
+        None, description="how to build or get `image` when it is missing: told to the user"
+    )
+
+
+def with_task_network(base: SandboxConfig, spec: EnvironmentSpec) -> SandboxConfig:
+    """The run's sandbox config for a task that has its say on the network: a network only
+    for a task that asks for one and a run that gives one (`network`, which on Docker also
+    needs `host_network`: the run's consent), none for a task that says no. A task that asks
+    in a run that gives none is a `TaskError` before any sandbox starts, never run offline."""
+    if spec.network is None or isinstance(base, UnsafeLocalSandboxConfig):
+        return base  # unsafe-local: the host's own network, whatever anyone says
+    if isinstance(base, RaySandboxConfig):
+        return base.model_copy(update={"inner": with_task_network(base.inner, spec)})
+    given = bool(getattr(base, "network", False))
+    if spec.network and not given:
+        raise TaskError(f"{spec.name}: the task asks for a network {_NO_NETWORK[base.backend]}")
+    if given and not spec.network:
+        return base.model_copy(update={"network": False})
+    return base
+
+
+_ASKS = "(a Harbor task's [environment] allow_internet = true) and this run gives "
+_NO_NETWORK = {
+    "local": _ASKS + "its sandboxes none: run with --network (as root, the local backend's "
+    "network is guarded: the host's own services stay out of reach)",
+    "docker": _ASKS + "its containers none: Docker's only network here is the host's own, "
+    "unguarded; accept that with --network --set sandbox.host_network=true, or run on the "
+    "local backend with --network (guarded)",
+    "modal": _ASKS + "its sandboxes none: --set sandbox.network=true",
+    "nomad": "and the nomad backend cannot give its sandboxes one",
+}
 
 
 class PreparedEnvironment(BaseModel):

@@ -32,6 +32,7 @@ from clotho.sandbox.backends import (
     backend_key,
     import_backend,
     make_backend,
+    with_task_network,
 )
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
@@ -155,6 +156,7 @@ class SlotPool:
         if self._closed:
             raise SandboxError("the sandbox pool is closed")
         await import_backend(base)
+        base = with_task_network(base, spec)  # the task's say on the network, on every backend
         return await self._backend(base).prepare(base, spec, force_build=force_build)
 
     def _total(self) -> int:

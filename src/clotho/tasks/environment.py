@@ -58,7 +58,25 @@ def _inside(task: Task, compose: Path, path: Path) -> Path:
     return resolved
 
 
+def refuse_gpus(task: Task) -> None:
+    """A task that needs GPUs is refused before any sandbox starts, naming the field: no
+    sandbox backend here gives a task GPUs, and one run without them would score the
+    harness, not the agent."""
+    env = task.config.environment
+    if env.gpus <= 0:
+        return
+    kinds = f", gpu_types = {env.gpu_types}" if env.gpu_types else ""
+    raise TaskError(
+        f"{task.path / 'task.toml'}: [environment] gpus = {env.gpus}{kinds}: this run cannot "
+        f"give a sandbox GPUs (no sandbox backend here does); leave the task out with "
+        f"--skip-tasks {task.name}"
+    )
+
+
 def environment_spec(task: Task) -> EnvironmentSpec:
+    """What the task asks of its sandbox; a request no sandbox here can meet (GPUs) is a
+    `TaskError`, raised where every path prepares a task's environment."""
+    refuse_gpus(task)
     env = task.config.environment
     found = build_context(task)
     context, dockerfile = found if found is not None else (None, "Dockerfile")
@@ -73,6 +91,22 @@ def environment_spec(task: Task) -> EnvironmentSpec:
         cpus=env.cpus,
         memory_mb=env.memory_mb,
         storage_mb=env.storage_mb,
+        # Harbor's default is True; here a task has a network only when it asks for one and
+        # the run gives networks (`--network`), and one that asks is refused when it does not.
+        network=env.allow_internet,
+        build_hint=build_hint(task, context) if env.docker_image else None,
+    )
+
+
+def build_hint(task: Task, context: Path | None) -> str:
+    """How to get a task's `docker_image` onto this machine when it is missing."""
+    image = task.config.environment.docker_image
+    if context is not None:
+        return f"build it with: docker build -t {image} {context}"
+    return (
+        f"{task.path / 'task.toml'} names it ([environment] docker_image) and the task has no "
+        f"environment/Dockerfile: build or load it on this machine (docker build -t {image} "
+        "<its context>, or docker load -i <an archive of it>), or add environment/Dockerfile"
     )
 
 

@@ -79,6 +79,37 @@ async def image_exists(docker: Any, tag: str) -> bool:
         raise _unreachable(exc) from exc
 
 
+async def ensure_image(
+    docker: Any, image: str, *, what: str, hint: str | None = None, timeout_s: float = 600.0
+) -> None:
+    """A prebuilt `image` on this daemon: present, or pulled now. One that is neither is
+    the task's fault, a `TaskError` (not retried) naming the image and how to get it
+    (`hint`, from the task's environment spec); a daemon that cannot be reached is a
+    `SandboxError`."""
+    import aiohttp
+    from aiodocker.exceptions import DockerError
+
+    if await image_exists(docker, image):
+        return
+    try:
+        async with asyncio.timeout(timeout_s):
+            await docker.images.pull(image)
+    except TimeoutError:
+        reason = f"pulling it took longer than {timeout_s:g} s"
+    except DockerError as exc:
+        if exc.status == UNREACHABLE:
+            raise _unreachable(exc) from exc
+        reason = f"cannot be pulled ({str(exc.message).strip()[:300]})"
+    except aiohttp.ClientError as exc:
+        raise _unreachable(exc) from exc
+    else:
+        if await image_exists(docker, image):
+            return
+        reason = "pulling it left no such image"
+    how = hint or f"build it (docker build -t {image} ...) or load it (docker load -i ...)"
+    raise TaskError(f"{what}: image {image} is not on this machine and {reason}; {how}")
+
+
 async def build_image(
     docker: Any,
     context: Path,
