@@ -68,6 +68,7 @@ from clotho.sandbox.transfer import (
     TOO_BIG_EXIT,
     XFER_MOUNT,
     XferDir,
+    remove_host_tree,
 )
 
 # The host's system trees, as the host has them (a folder bound read-only, or a link such as
@@ -701,7 +702,7 @@ class BwrapSandbox(ShellBackedSandbox):
                     os.chmod(local, int(result.stdout.split()[0], 8) & 0o777)
             except BaseException:
                 if local.is_dir() and not local.is_symlink():
-                    await asyncio.to_thread(shutil.rmtree, local, True)
+                    await remove_host_tree(local)
                 else:
                     local.unlink(missing_ok=True)
                 raise

@@ -14,12 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import stat
 import tarfile
 from pathlib import Path
 from typing import BinaryIO
+
+from clotho.sandbox.state import remove_tree
+
+log = logging.getLogger(__name__)
 
 XFER_MOUNT = "/.clotho"
 BIG_FILE = 1 << 20
@@ -82,6 +87,22 @@ async def move_host_path(source: Path, target: Path) -> None:
         await asyncio.to_thread(shutil.move, source, target)
     else:
         shutil.move(source, target)
+
+
+async def remove_host_tree(path: Path) -> None:
+    """Remove a host tree made from a sandbox's data (a download, an unpacked payload) with
+    `remove_tree`, in a thread: any depth (`shutil.rmtree` recursed once per level), folders
+    the sandbox shut (chmod 000) reopened, no link followed. What stays is logged, not
+    raised: this runs in a `finally` or while another error is on its way."""
+    await asyncio.to_thread(_remove_quietly, path)
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        if os.path.lexists(path):
+            remove_tree(path)
+    except OSError as exc:
+        log.warning("%s", exc)
 
 
 async def remove_host_file(path: Path) -> None:
@@ -256,5 +277,6 @@ def _unlink_at(dir_fd: int, name: str) -> None:
 
 
 def _rmtree_at(dir_fd: int, name: str) -> None:
-    # shutil.rmtree with dir_fd uses fd-based, symlink-safe traversal on Linux.
-    shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)
+    """Remove the tree `name` of the folder `dir_fd` with `remove_tree`, reached through the
+    fd (its /proc/self/fd entry), never a path the sandbox could swap on the way."""
+    _remove_quietly(Path(f"/proc/self/fd/{dir_fd}") / name)

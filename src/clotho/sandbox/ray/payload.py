@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import io
 import pickle
-import shutil
 import tarfile
 from pathlib import Path
 from typing import Any, Literal
 
-from clotho.sandbox.transfer import BIG_FILE
+from clotho.sandbox.transfer import BIG_FILE, remove_host_tree
 
 Kind = Literal["file", "tar"]
 OUT_OF_BAND_ABOVE = 512 << 10  # below, a value travels inline with its call anyway
@@ -107,4 +106,5 @@ async def unpack(payload: Payload, target: Path) -> None:
 
 
 async def remove_tree(path: Path) -> None:
-    await asyncio.to_thread(shutil.rmtree, path, True)
+    """Remove a folder of unpacked or downloaded sandbox data, whatever its depth or modes."""
+    await remove_host_tree(path)
