@@ -43,6 +43,43 @@ def _split(values: list[str] | None) -> list[str]:
     return [part.strip() for v in values or [] for part in v.split(",") if part.strip()]
 
 
+# A system prompt read from a file is a prompt, not a book.
+MAX_SYSTEM_PROMPT_BYTES = 1 << 20
+
+
+def system_prompt_text(value: str | None) -> str | None:
+    """`--system-prompt`: the text itself, or `@FILE` for a file's (UTF-8). The prompt's
+    `{workdir}` is filled in for each attempt, so any other brace must be doubled; a prompt
+    that does not format is refused here, not in the first attempt."""
+    if value is None:
+        return None
+    text = value
+    if value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        try:
+            with path.open("rb") as file:
+                data = file.read(MAX_SYSTEM_PROMPT_BYTES + 1)
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise ConfigError(f"--system-prompt {value}: cannot read {path}: {why}") from exc
+        if len(data) > MAX_SYSTEM_PROMPT_BYTES:
+            raise ConfigError(f"--system-prompt {value}: larger than 1 MiB")
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--system-prompt {value}: {path} is not UTF-8 text") from exc
+    if not text.strip():
+        raise ConfigError("--system-prompt is empty (leave it out for the default prompt)")
+    try:
+        text.format(workdir="/app")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            f"--system-prompt: {{workdir}} is the only field it may name ({exc!r}): write a "
+            "literal brace as {{ or }}"
+        ) from exc
+    return text
+
+
 class _Live:
     """Rich progress with the live pass rate."""
 
@@ -57,6 +94,12 @@ class _Live:
         if event == "start":
             assert isinstance(data, dict)
             self.progress.update(self.task_id, total=data["pending"])
+            skipped = data.get("skipped") or []
+            if skipped:
+                self.progress.console.print(
+                    f"  [yellow]skipped[/] {len(skipped)} task(s) known not to run on this "
+                    f"backend: {escape(', '.join(skipped))} (--set default_skips=false runs them)"
+                )
         elif event == "trial_end":
             assert isinstance(data, TrialRecord)
             if not data.scored:
@@ -262,7 +305,11 @@ def eval_command(
     network: Annotated[
         bool | None,
         typer.Option(
-            "--network/--no-network", help="network access for local sandboxes (default: off)"
+            "--network/--no-network",
+            help="let sandboxes have a network (the local backend's is guarded: the host's own "
+            "services stay out of reach): a Harbor task's only when it asks "
+            "([environment] allow_internet = true), other formats' always (default: off; a "
+            "task that asks is then refused)",
         ),
     ] = None,
     ray: Annotated[
@@ -299,7 +346,33 @@ def eval_command(
         list[str] | None, typer.Option(help="only these tasks (names or globs, comma-separated)")
     ] = None,
     skip: Annotated[
-        list[str] | None, typer.Option(help="skip these tasks (names or globs)")
+        list[str] | None,
+        typer.Option(
+            "--skip-tasks",
+            "--skip",
+            help="skip these tasks (names or globs, comma-separated; repeat for more), beside "
+            "the backend's default skip list",
+        ),
+    ] = None,
+    system_prompt: Annotated[
+        str | None,
+        typer.Option(
+            help="the model agent's system prompt: TEXT, or @FILE to read it from a file "
+            "({workdir} is filled in; default: clotho's own)"
+        ),
+    ] = None,
+    verifier_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001, help="seconds for every task's verifier, instead of the task's own"
+        ),
+    ] = None,
+    command_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="seconds each command the agent runs may take, at most (also its default)",
+        ),
     ] = None,
     force_build: Annotated[
         bool | None, typer.Option("--force-build", help="rebuild task images even if cached")
@@ -356,6 +429,9 @@ def eval_command(
             "max_turns": max_turns,
             "filter": _split(filter) or None,
             "skip": _split(skip) or None,
+            "system_prompt": system_prompt_text(system_prompt),
+            "verifier_timeout_s": verifier_timeout,
+            "command_timeout_s": command_timeout,
             "force_build": force_build,
             "swe": {"repos_dir": str(repos_dir.resolve())} if repos_dir else None,
         }

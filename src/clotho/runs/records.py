@@ -37,6 +37,23 @@ class EvalConfig(BaseModel):
     max_turns: int = Field(30, ge=1)
     filter: list[str] = Field(default_factory=list)
     skip: list[str] = Field(default_factory=list)
+    default_skips: bool | str = Field(
+        True,
+        description="also skip the tasks known not to run on this run's backend: true, the "
+        "bundled list (clotho/runs/default_skips.toml); a path, a TOML file of that form",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="the model agent's system prompt ({workdir} is filled in); None: the default",
+    )
+    verifier_timeout_s: float | None = Field(
+        None, gt=0, description="every task's verifier time limit, instead of the task's own"
+    )
+    command_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="the time limit of each command the agent runs (its default and its cap)",
+    )
     pass_threshold: float = 1.0
     force_build: bool = Field(False, description="rebuild task images even if cached")
     prewarm: bool = Field(True, description="start upcoming trials' sandboxes ahead of time")
