@@ -156,3 +156,39 @@ def test_an_unusable_system_prompt_is_refused_in_one_line(
     said = " ".join(proc.stderr.split())  # the console wraps long lines
     assert problem in said and "Traceback" not in said
     assert not (out / "results.jsonl").exists()
+
+
+# -- system prompt and command timeout: what the model's agent gets (scripted model server,
+# a named test double for a hosted model) ------------------------------------------------------
+
+
+def test_the_agent_gets_the_system_prompt_and_the_command_timeout(
+    make_task, tmp_path: Path
+) -> None:
+    from tests.scripted_openai import ScriptedOpenAIServer, assistant, tool_call
+
+    make_task("a")
+    script = [
+        # The model asks for 900 s; the run allows each command 2 s at most.
+        assistant(
+            "", [tool_call("terminal", {"command": "sleep 600; echo never", "timeout": 900})]
+        ),
+        assistant("", [tool_call("terminal", {"command": "sleep 600; echo never"})]),
+        assistant("Giving up."),
+    ]
+    out = tmp_path / "run"
+    with ScriptedOpenAIServer(script) as server:
+        proc = clotho(
+            "eval", str(tmp_path / "tasks"), "--agent", "llm", "--model", "m",
+            "--base-url", server.base_url, "--out", str(out),
+            "--system-prompt", "Work in {workdir}; be brief.", "--command-timeout", "2",
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (row,) = results(out)
+    assert row["error"] is None and row["tool_calls"] == 2
+    system = server.messages(0)[0]
+    assert system == {"role": "system", "content": "Work in /app; be brief."}
+    for index in (1, 2):  # the asked-for timeout capped, the default replaced
+        answer = json.loads(server.messages(index)[-1]["content"])
+        assert answer["timed_out"] is True
+        assert answer["error"] == "command timed out after 2 s and was killed"

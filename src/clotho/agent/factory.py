@@ -27,16 +27,29 @@ def llm_agent(
     time_limit_s: float | None = None,
     max_total_tokens: int | None = None,
     system_prompt: str | None = None,
+    command_timeout_s: float | None = None,
 ) -> LLMAgent:
     """The model's agent of one attempt (no system prompt given: the default one)."""
     limits = AgentLimits(
         max_turns=max_turns, time_limit_s=time_limit_s, max_total_tokens=max_total_tokens
     )
-    return LLMAgent(model, tools, limits, system_prompt=system_prompt or DEFAULT_SYSTEM_PROMPT)
+    return LLMAgent(
+        model,
+        tools,
+        limits,
+        system_prompt=system_prompt or DEFAULT_SYSTEM_PROMPT,
+        command_timeout_s=command_timeout_s,
+    )
 
 
 async def build_agent(
-    kind: AgentKind, model: ModelConfig | None, toolsets: list[str] | None, *, max_turns: int
+    kind: AgentKind,
+    model: ModelConfig | None,
+    toolsets: list[str] | None,
+    *,
+    max_turns: int,
+    system_prompt: str | None = None,
+    command_timeout_s: float | None = None,
 ) -> tuple[Agent, Model | None]:
     """An agent by name, and the model client to close afterwards (None for the reference
     agents). No endpoint configured: the embedded local model."""
@@ -46,4 +59,11 @@ async def build_agent(
         return NopAgent(), None
     client = await build_model(model or ModelConfig())
     tools = default_registry().resolve(toolsets)
-    return llm_agent(client, tools, max_turns=max_turns), client
+    agent = llm_agent(
+        client,
+        tools,
+        max_turns=max_turns,
+        system_prompt=system_prompt,
+        command_timeout_s=command_timeout_s,
+    )
+    return agent, client

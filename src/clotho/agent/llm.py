@@ -29,12 +29,14 @@ class LLMAgent:
         limits: AgentLimits | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         max_output_chars: int = 16_000,
+        command_timeout_s: float | None = None,
     ) -> None:
         self.model = model
         self.tools = list(tools)
         self.limits = limits or AgentLimits()
         self.system_prompt = system_prompt
         self.max_output_chars = max_output_chars
+        self.command_timeout_s = command_timeout_s  # each command's default and cap
 
     async def run(self, ctx: AgentContext) -> AgentResult:
         limits = self.limits
@@ -44,6 +46,8 @@ class LLMAgent:
                 update={"time_limit_s": min(own, ctx.time_limit_s) if own else ctx.time_limit_s}
             )
         runtime = ToolRuntime(sandbox=ctx.sandbox, max_output_chars=self.max_output_chars)
+        if self.command_timeout_s is not None:
+            runtime.default_timeout_s = runtime.max_timeout_s = self.command_timeout_s
         messages: list[dict[str, Any]] = []
         if self.system_prompt:
             messages.append(

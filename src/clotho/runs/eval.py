@@ -36,7 +36,12 @@ Listener = Callable[[str, object], None]
 async def build_agent(config: EvalConfig) -> tuple[Agent, Model | None]:
     """The agent, and the model client to close afterwards (None for reference agents)."""
     return await build_named_agent(
-        config.agent, config.model, config.toolsets, max_turns=config.max_turns
+        config.agent,
+        config.model,
+        config.toolsets,
+        max_turns=config.max_turns,
+        system_prompt=config.system_prompt,
+        command_timeout_s=config.command_timeout_s,
     )
 
 
@@ -100,7 +105,7 @@ async def run_eval(
     plan = await plan_eval(config, store, resume)
     recorder = _Recorder(store, config.agent, notify)
     await recorder.invalid(plan)
-    notify("start", {"total": plan.total, "pending": len(plan.pending)})
+    notify("start", {"total": plan.total, "pending": len(plan.pending), "skipped": plan.skipped})
     started = time.perf_counter()
     pool = SlotPool(
         PoolConfig(max_size=2 * config.concurrency),
