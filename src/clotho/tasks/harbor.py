@@ -159,10 +159,13 @@ class EnvironmentSettings(_Section):
     ] = None
     memory_mb: _MemoryMB | None = None
     storage_mb: _StorageMB | None = None
+    # gpus > 0 is refused before any sandbox starts: no backend here gives a task GPUs
+    # (`tasks.environment.refuse_gpus`).
     gpus: Annotated[int, BeforeValidator(_no_bool), Field(ge=0, le=MAX_GPUS)] = 0
     gpu_types: list[str] | None = None
     # Harbor's default is True; clotho's sandboxes have no network, so a task that does
-    # not ask for it explicitly gets none.
+    # not ask for it explicitly gets none, and one that asks gets one only in a run that
+    # gives networks (`--network`), else it is refused (`sandbox.backends.with_task_network`).
     allow_internet: bool = False
     # Harbor's deprecated spellings (`memory = "2G"`, `storage = "10G"`, as Terminal-Bench
     # 2.0 writes them), read into memory_mb / storage_mb and then cleared.
