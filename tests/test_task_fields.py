@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import requires_bwrap
-from tests.docker_probe import DOCKER_PROBLEM
+from tests.docker_probe import requires_docker
 from tests.test_eval_cli import clotho, results
 
 from clotho.errors import SandboxError, TaskError
@@ -247,11 +247,10 @@ def test_a_task_asking_for_the_internet_is_refused_by_a_run_without_network(
     assert rows["refuses"]["error"] is None and rows["refuses"]["reward"] == 0.0
 
 
+@requires_docker
 def test_docker_refuses_a_task_asking_for_the_internet_without_host_network(
     make_task, tmp_path: Path
 ) -> None:
-    if DOCKER_PROBLEM is not None:
-        pytest.fail(f"the Docker daemon does not answer: {DOCKER_PROBLEM}")
     make_task("asks", toml_extra="[environment]\nallow_internet = true\n")
     out = tmp_path / "run"
     proc = clotho(
@@ -293,11 +292,10 @@ def run_docker(coro_factory) -> object:
     return asyncio.run(main())
 
 
+@requires_docker
 def test_a_missing_image_is_a_task_error_naming_it_and_how_to_build_it() -> None:
     from clotho.sandbox.docker.images import ensure_image
 
-    if DOCKER_PROBLEM is not None:
-        pytest.fail(f"the Docker daemon does not answer: {DOCKER_PROBLEM}")
     with pytest.raises(TaskError) as info:
         run_docker(lambda d: ensure_image(d, MISSING, what="prebuilt", hint="build it so"))
     message = str(info.value)
@@ -305,11 +303,10 @@ def test_a_missing_image_is_a_task_error_naming_it_and_how_to_build_it() -> None
     assert "cannot be pulled" in message and message.endswith("build it so")
 
 
+@requires_docker
 def test_a_present_image_is_used_as_it_is(tmp_path: Path) -> None:
     from clotho.sandbox.docker.images import ensure_context_image, ensure_image, image_exists
 
-    if DOCKER_PROBLEM is not None:
-        pytest.fail(f"the Docker daemon does not answer: {DOCKER_PROBLEM}")
     (tmp_path / "Dockerfile").write_text("FROM scratch\nLABEL clotho.test=task-fields\n")
 
     async def check(docker: object) -> bool:
