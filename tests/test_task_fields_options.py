@@ -55,6 +55,8 @@ def test_the_backends_default_skip_list(make_task, tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert ran(out) == {"alpha-1", "alpha-2"}  # the local list only; docker's is not this run's
+    said = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert "skipped 1 task(s) known not to run on this backend: beta" in said, proc.stderr
     # Turned off, every task runs; the bundled list (empty) skips none.
     for setting in (["--set", "default_skips=false"], []):
         again = tmp_path / f"run{len(setting)}"
