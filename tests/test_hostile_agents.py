@@ -71,7 +71,7 @@ TAMPERING: dict[str, str] = {
     "system site .pth": "d=$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))') "
     '&& mkdir -p "$d" && echo \'import os; os._exit(0)\' > "$d/zz-evil.pth"',
 }
-FORGERIES["user site"] = (
+TAMPERING["user site .pth"] = (
     'd=$(python3 -m site --user-site) && mkdir -p "$d" && '
     "echo 'import os; os._exit(0)' > \"$d/evil.pth\""
 )

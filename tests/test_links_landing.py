@@ -80,7 +80,7 @@ async def test_a_link_into_the_harness_folders_is_tampering(
     make_task, config: SandboxConfig, attack: str
 ) -> None:
     outcome, attack_exit = await _run(_comparing_task(make_task), config, PLANTED[attack])
-    assert attack_exit == 0
+    assert attack_exit == 0, outcome.error
     assert not outcome.passed and outcome.reward is None
     assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
     assert "/app/" in outcome.error.message or "/tmp/a" in outcome.error.message
@@ -197,20 +197,16 @@ async def _searched(sb: Sandbox, with_baseline: bool) -> None:
     assert (await sb.exec(plant)).exit_code == 0
     await sb.stop_agent()
 
-    async def cannot_tell() -> None:
-        return None
-
-    sb.changed_paths = cannot_tell  # type: ignore[method-assign]
     ready = await sb.exec_fresh("mkdir -p /tests && echo 42 > /tests/expected.txt", timeout=60)
     assert ready.ok, ready.stderr
     with pytest.raises(TamperError) as caught:
-        await check_links(sb, baseline)
+        await check_links(sb, baseline, None)
     assert "/app/answer.txt -> /tests/expected.txt" in str(caught.value)
     assert "/root/r -> /logs/verifier" in str(caught.value)
     assert "/app/current" not in str(caught.value)
     removed = await sb.exec_fresh("rm /app/answer.txt /root/r", timeout=60)
     assert removed.ok, removed.stderr
-    await check_links(sb, baseline)  # the ordinary link alone: no tampering
+    await check_links(sb, baseline, None)  # the ordinary link alone: no tampering
 
 
 WITH_BASELINE = pytest.mark.parametrize("with_baseline", [True, False], ids=["since", "all"])

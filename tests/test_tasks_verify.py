@@ -100,7 +100,7 @@ async def test_verifier_timeout_is_a_verifier_error(make_task) -> None:
 
 @requires_bwrap
 async def test_verifier_env_and_workdir(make_task) -> None:
-    script = 'mkdir -p /logs/verifier; [ "$PWD" = /app ] && [ "$MODE" = strict ] && echo 1 > /logs/verifier/reward.txt\n'
+    script = 'mkdir -p /logs/verifier; [ "$PWD" = /tests ] && [ "$MODE" = strict ] && echo 1 > /logs/verifier/reward.txt\n'
     task = load_task(make_task(test_sh=script, toml_extra='[verifier.env]\nMODE = "strict"\n'))
     async with await open_sandbox(LocalSandboxConfig()) as sandbox:
         outcome = await run_verifier(task, sandbox)
@@ -233,10 +233,12 @@ async def test_verification_works_with_a_busybox_find(busybox_find) -> None:
 
 
 @pytest.mark.parametrize("busybox_find", BUSYBOX_BACKENDS, indirect=True)
-async def test_a_busybox_find_skips_the_start_up_hook_check(make_task, busybox_find) -> None:
-    """The same planted `import` .pth is tampering where find knows -newerct (the same task
-    on the backend's usual image and PATH), and passes unseen where it does not: the check is
-    skipped there, as docs/security.md says."""
+async def test_a_planted_hook_is_tamper_whatever_find_the_image_has(
+    make_task, busybox_find
+) -> None:
+    """The same planted `import` .pth is tampering with GNU find and with busybox's (which
+    lacks -newerct): the changes come from the backend's list, seen from outside, not from a
+    search inside the sandbox."""
     busybox_dir, busybox_config = busybox_find
     gnu_config: SandboxConfig = LocalSandboxConfig()
     if isinstance(busybox_config, DockerSandboxConfig):
@@ -251,7 +253,6 @@ async def test_a_busybox_find_skips_the_start_up_hook_check(make_task, busybox_f
             agent = _Script(PLANT_HOOK)
             outcomes[name] = await run_trial(HarborTrial(task), agent, config, pool)
             assert "planted" in agent.output and "zz-hook.pth" in agent.output, agent.output
-    gnu, busybox = outcomes["gnu"], outcomes["busybox"]
-    assert gnu.error is not None and gnu.error.kind == "tamper", gnu.error
-    assert "zz-hook.pth" in gnu.error.message and gnu.reward is None
-    assert busybox.error is None and busybox.reward == 1.0, busybox.error
+    for outcome in outcomes.values():
+        assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
+        assert "zz-hook.pth" in outcome.error.message and outcome.reward is None

@@ -141,6 +141,25 @@ class Sandbox(abc.ABC):
         sandbox on release. Idempotent."""
         raise NotImplementedError(f"{type(self).__name__} cannot stop the agent")
 
+    async def hold_agent(self) -> int | None:
+        """Freeze, without ending them, the processes the agent left (its services), so that
+        nothing acts while verification is checked and prepared; returns how many it left.
+        None: this backend cannot keep them for the tests (verification ends them with
+        `stop_agent`, as it does when none were left). Afterwards only `exec_fresh`,
+        `digests`, `changed_paths`, `verification_twin` and `release_agent` may be used."""
+        return None
+
+    async def release_agent(self) -> None:
+        """Continue what `hold_agent` froze, once the tests run in `verification_twin`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot keep the agent's processes")
+
+    async def verification_twin(self) -> Sandbox:
+        """A sandbox whose file system is a snapshot of this held one and which shares only
+        its network: the tests run there, reaching the agent's services, while nothing of
+        the agent's can see or touch the tests, their runner or the reward. Closing it
+        removes it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot make a verification twin")
+
     async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
         """The sha256 of each path as the sandbox sees it, computed without running anything
         inside the sandbox (from the host or the container engine); a symlink's digest is that

@@ -1,14 +1,19 @@
-"""Run a task's tests after the agent is done, from nothing the agent controls.
+"""Run a task's tests after the agent is done, in a world the agent did not shape.
 
 Before the agent starts, the digests of the programs the tests will run (the shells and
 interpreters, and every command `test.sh` names, in every PATH directory) are taken from
-outside the sandbox. After the agent: every process it left is stopped; a replaced or
-shadowed program is a `TamperError` (a failure of its own kind, the tests never run); the
+outside the sandbox. After the agent, its processes are held (frozen) and what it changed
+is judged from the backend's complete list of changes (`runner_rules.py`): a replaced or
+shadowed program, or a change to what the runner relies on (loader, standard library,
+start-up hooks, pytest's configuration and plugins), is a `TamperError` and the tests never
+run. When the agent left processes (services a task asked for), the tests run in a twin of
+the sandbox that shares only its network (`Sandbox.verification_twin`) and the agent's
+processes serve them; otherwise they are ended and the tests run in place. Either way the
 reward folder and `/tests` are made afresh (a link the agent planted is removed, never
-followed) and the tests unpacked into them; the tests run in a fresh process with a clean
-environment, not in the agent's shell; whatever they started is stopped; and the reward is
-read only from a regular file, with a size cap. A reward that is missing, unreadable or
-outside the task's range is a `VerifierError`, never 0.
+followed), links landing there are refused, the tests run in a fresh process with a clean,
+pinned environment in /tests, whatever they started is stopped, and the reward is read only
+from a regular file, with a size cap. A reward that is missing, unreadable or outside the
+task's range is a `VerifierError`, never 0.
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ import re
 import shlex
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from clotho.errors import TamperError, VerifierError
 from clotho.rollout.outcome import VerifierOutcome
 from clotho.sandbox.base import PathChange, Sandbox
 from clotho.sandbox.config import DEFAULT_PATH
+from clotho.tasks import runner_rules
 from clotho.tasks.harbor import Task
 
 TESTS_MOUNT = "/tests"
@@ -44,6 +50,7 @@ BASE_PROGRAMS = (
     "rm", "tar", "find", "echo", "printf", "sort", "wc", "tr", "git", "sqlite3",
     "chmod", "stat",  # the verifier's own folder preparation and reward inspection run them
     "readlink",  # the check of where the agent's links land (`check_links`)
+    "ldconfig",  # rebuilds the loader's cache before the tests
 )  # fmt: skip
 # Python's start-up hooks: code in them runs inside every test interpreter.
 _SITE_DIRS = (
@@ -56,8 +63,9 @@ ALWAYS_WATCHED = (
     "/etc/ld.so.preload",
     *(f"{d}/{hook}" for d in _SITE_DIRS for hook in ("sitecustomize.py", "usercustomize.py")),
 )
-# The verifier's own environment: no user site-packages the agent could have filled.
-VERIFIER_ENV = {"PYTHONNOUSERSITE": "1"}
+# The verifier's own environment: no user site-packages the agent could have filled, and
+# Python bytecode only from a folder the harness made afresh (never an agent's __pycache__).
+VERIFIER_ENV = {"PYTHONNOUSERSITE": "1", "PYTHONPYCACHEPREFIX": "/logs/.pycache"}
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _NOT_COMMANDS = {
     "if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
@@ -78,6 +86,8 @@ fresh {LOGS_DIR}
 fresh {TESTS_MOUNT}
 tar -x --no-same-owner -C {TESTS_MOUNT}
 chmod -R a+rX {TESTS_MOUNT} {LOGS_DIR}
+# The loader's cache is derived: rebuilt from its (checked) configuration, never the agent's.
+if command -v ldconfig >/dev/null 2>&1; then ldconfig 2>/dev/null || true; fi
 """
 # Which reward file is there, and what it is: nothing is read yet.
 _INSPECT = f"""for name in reward.json reward.txt; do
@@ -285,23 +295,48 @@ async def _read_reward(sandbox: Sandbox, test_exit: int, output: str) -> tuple[f
     return found.get("reward.json") or found["reward.txt"]
 
 
-async def stop_and_check(sandbox: Sandbox, baseline: ProgramDigests | None) -> None:
-    """The first step of every verification: stop what the agent left running, then refuse to
-    go on (`TamperError`) if the programs the tests run were changed since `baseline`."""
+async def stop_and_check(
+    sandbox: Sandbox, baseline: ProgramDigests | None
+) -> list[PathChange] | None:
+    """The first step of every verification in place: stop what the agent left running, then
+    refuse to go on (`TamperError`) if what the tests' runner relies on was changed
+    (`check_runner`). Returns the backend's list of changes."""
     await sandbox.stop_agent()
+    return await check_runner(sandbox, baseline)
+
+
+async def check_runner(
+    sandbox: Sandbox, baseline: ProgramDigests | None
+) -> list[PathChange] | None:
+    """With the agent's processes stopped or held: the programs the tests run must be the
+    baseline's, and nothing the runner relies on may have changed (`runner_rules`), judged on
+    the backend's list of changes (or, where it has none, a search of the site folders for
+    `.pth` files with code). Returns that list for the other checks."""
+    changes = await sandbox.changed_paths()
     if baseline is None:
-        return
-    changes = baseline.changes(await sandbox.digests(baseline.paths))
-    if not changes:  # the programs are the baseline's: what find and grep say can be trusted
-        script = _CHANGED_HOOKS.format(dirs=" ".join(_SITE_DIRS), since=int(baseline.taken_at) - 1)
-        hooks = await _fresh(sandbox, script, "look for changed Python start-up hooks")
-        changes = [f"{path} (a .pth with import lines) changed" for path in hooks.splitlines()]
-    if changes:
+        return changes
+    found = baseline.changes(await sandbox.digests(baseline.paths))
+    if not found:  # the programs are the baseline's: what find and grep say can be trusted
+        if changes is None:
+            script = _CHANGED_HOOKS.format(
+                dirs=" ".join(_SITE_DIRS), since=int(baseline.taken_at) - 1
+            )
+            hooks = await _fresh(sandbox, script, "look for changed Python start-up hooks")
+            found = [f"{path} (a .pth with import lines) changed" for path in hooks.splitlines()]
+        else:
+            review = runner_rules.review(changes)
+            found = review.tampered or await runner_rules.inspect(sandbox, review, _fresh_in)
+    if found:
         raise TamperError(
-            "programs the tests run were changed during the agent's run ("
-            + "; ".join(changes[:10])
+            "what the tests' runner relies on was changed during the agent's run ("
+            + "; ".join(found[:10])
             + "); the tests were not run"
         )
+    return changes
+
+
+async def _fresh_in(sandbox: Sandbox, cmd: str, what: str, stdin: bytes) -> str:
+    return await _fresh(sandbox, cmd, what, stdin=stdin)
 
 
 # Where the harness writes after the agent: a link of the agent's landing there makes the tests
@@ -394,13 +429,17 @@ def _planted(output: str) -> list[str]:
     return found
 
 
-async def check_links(sandbox: Sandbox, baseline: ProgramDigests | None) -> None:
+async def check_links(
+    sandbox: Sandbox,
+    baseline: ProgramDigests | None,
+    changes: list[PathChange] | None,
+) -> None:
     """Refuse (`TamperError`) a link the agent left that lands in /tests, /logs or /solution:
     the tests would compare the harness's own files with themselves (a workspace file linked
     to the expected output passes). Run after `_PREPARE` (the targets exist), before the
     tests. Judged on the backend's list of changed paths; when it cannot tell (None), on a
-    `find` of every link in the sandbox (see `_FALLBACK_FIND`)."""
-    changes = await sandbox.changed_paths()
+    `find` of every link in the sandbox (see `_FALLBACK_FIND`). `sandbox` may be the
+    twin of the one whose `changes` these are: its file system is their snapshot."""
     if changes is None:
         newer = f"-newerct @{int(baseline.taken_at) - 1}" if baseline is not None else ""
         roots = " ".join(shlex.quote(r) for r in (sandbox.workdir, *FALLBACK_ROOTS))
@@ -427,21 +466,46 @@ async def run_verifier(
 ) -> VerifierOutcome:
     """The task's verdict on what the agent left in `sandbox` (see the module docstring)."""
     timeout_s = timeout_s or task.config.verifier.timeout_sec
-    await stop_and_check(sandbox, baseline)
+    if await sandbox.hold_agent():  # the agent left processes: they keep serving
+        changes = await check_runner(sandbox, baseline)
+        twin = await sandbox.verification_twin()
+        try:
+            return await _judge(task, twin, baseline, changes, timeout_s, sandbox.release_agent)
+        finally:
+            try:
+                await twin.close()
+            finally:
+                await sandbox.stop_agent()
+    changes = await stop_and_check(sandbox, baseline)
+    return await _judge(task, sandbox, baseline, changes, timeout_s)
+
+
+async def _judge(
+    task: Task,
+    world: Sandbox,
+    baseline: ProgramDigests | None,
+    changes: list[PathChange] | None,
+    timeout_s: float,
+    before_tests: Callable[[], Awaitable[None]] | None = None,
+) -> VerifierOutcome:
+    """Prepare /tests and the reward folder in `world`, refuse planted links, run the tests
+    there (in /tests, with the pinned environment) and read the one reward."""
     tests = await asyncio.to_thread(_tests_tar, task)
-    await _fresh(sandbox, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
-    await check_links(sandbox, baseline)
-    result = await sandbox.exec_fresh(
+    await _fresh(world, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
+    await check_links(world, baseline, changes)
+    if before_tests is not None:
+        await before_tests()
+    result = await world.exec_fresh(
         f"exec 2>&1; exec bash {TESTS_MOUNT}/test.sh",
         timeout=timeout_s,
         env={**VERIFIER_ENV, **task.config.verifier.env},
-        cwd=sandbox.workdir,
+        cwd=TESTS_MOUNT,
     )
-    await sandbox.stop_agent()  # whatever the tests started (the agent's code among it)
+    await world.stop_agent()  # whatever the tests started (the agent's code among it)
     output = (result.stdout + result.stderr)[-_OUTPUT_TAIL:]
     if result.timed_out:
         raise VerifierError(f"tests/test.sh timed out after {timeout_s:g} s")
-    reward, rewards = await _read_reward(sandbox, result.exit_code, output)
+    reward, rewards = await _read_reward(world, result.exit_code, output)
     _in_range(task, reward, rewards)
     return VerifierOutcome(
         reward=reward,

@@ -63,6 +63,13 @@ from clotho.sandbox.docker.fresh import STOP_CONTAINER, fresh_exec, in_container
 from clotho.sandbox.docker.images import ensure_context_image, image_exists
 from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.rootfs import host_digests
+from clotho.sandbox.docker.twin import (
+    HOLD_CONTAINER,
+    RELEASE_CONTAINER,
+    parse_hold,
+    remove_snapshot,
+    snapshot,
+)
 from clotho.sandbox.leases import (
     DOCKER_IO,
     SandboxRecord,
@@ -115,12 +122,18 @@ async def delete_container(container: Any) -> None:
 
 
 def container_body(
-    config: DockerSandboxConfig, labels: dict[str, str], lease_s: float
+    config: DockerSandboxConfig,
+    labels: dict[str, str],
+    lease_s: float,
+    network_of: str | None = None,
 ) -> dict[str, Any]:
+    """The create request; `network_of`: share that container's network namespace (a
+    verification twin reaching the agent's services), nothing else of it."""
+    network = "host" if config.network and config.host_network else "none"
     host: dict[str, Any] = {
         # The host's network only when accepted by name (a config copied without validation
         # included): nothing else keeps a container off the host's loopback services.
-        "NetworkMode": "host" if config.network and config.host_network else "none",
+        "NetworkMode": f"container:{network_of}" if network_of else network,
         "Init": config.init,
     }
     if config.cpus:
@@ -226,6 +239,7 @@ def _unpack(archive: Path, target: Path) -> None:
 class DockerSandbox(ShellBackedSandbox):
     _shared_limits = False  # slots share their container's cgroup with their neighbours
     _limit_who: str | None = None  # a slot's name: a neighbour's disk failure is not its own
+    _snapshot: str | None = None  # a verification twin's image, removed with it
 
     def __init__(
         self,
@@ -271,6 +285,7 @@ class DockerSandbox(ShellBackedSandbox):
         docker: Any,
         images: ImageFactsCache,
         lease_s: float = DEFAULT_LEASE_S,
+        network_of: str | None = None,
     ) -> DockerSandbox:
         """A container of its own (`DockerBackend.open` is the way in: it owns `docker`)."""
         exit_cleanup.register("docker", docker_url=client_url(docker))
@@ -278,7 +293,7 @@ class DockerSandbox(ShellBackedSandbox):
         container = None
         io_dir: Path | None = None
         try:
-            body = container_body(config, labels, lease_s)
+            body = container_body(config, labels, lease_s, network_of)
             if config.stdio == "fifo" and getattr(docker.connector, "path", None):
                 io_dir = make_state_dir(config.state_dir, {**labels, DOCKER_IO: "1"}, lease_s)
                 make_fifos(io_dir)
@@ -453,6 +468,60 @@ class DockerSandbox(ShellBackedSandbox):
         raise TamperError(
             f"processes kept running after the agent was stopped: {left or result.stderr!r}"
         )
+
+    async def hold_agent(self) -> int | None:
+        """Freeze (SIGSTOP, not kill) every process the agent left, checked from outside
+        like `stop_agent`; their number. None where they cannot be kept for the tests: a
+        slot (its container is its neighbours' too) or a container without docker-init."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        if self.id != self.id_of_container or not self.config.init:
+            return None
+        self.limits.raise_if_hit()
+        self._stopped = True
+        shell, left = "bash", []
+        for attempt in range(40):  # a stopped process shows `T` once it is scheduled again
+            result = await fresh_exec(
+                self.container, [shell, "-c", HOLD_CONTAINER],
+                env=self.fresh_env(None), timeout=60.0, cwd="/",
+            )  # fmt: skip
+            if result.exit_code in (126, 127) and shell == "bash":
+                shell = "sh"  # an image without bash
+                continue
+            held, running = parse_hold(result.stdout)
+            left = await self._running_processes() if not running else [f"{running} running"]
+            if not left:
+                return held
+            await asyncio.sleep(min(0.05 * (attempt + 1), 0.5))
+        raise TamperError(f"processes kept running after the agent was held: {left!r}")
+
+    async def release_agent(self) -> None:
+        """Continue what `hold_agent` froze: the agent's services serve the twin's tests."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        await fresh_exec(
+            self.container, ["sh", "-c", RELEASE_CONTAINER],
+            env=self.fresh_env(None), timeout=60.0, cwd="/",
+        )  # fmt: skip
+
+    async def verification_twin(self) -> Sandbox:
+        """A new container from a snapshot of this (held) one, sharing only its network
+        namespace (`twin.py`): the tests' world, out of the agent's processes' reach."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        labels = {**self.labels, "clotho.twin-of": self.id[:12]}
+        image = await snapshot(self.container, {LABEL: "1", "clotho.snapshot": "1"})
+        config = self.config.model_copy(update={"image": image, "slots_per_container": 1})
+        try:
+            twin = await DockerSandbox.create(
+                config, labels, docker=self._docker, images=ImageFactsCache(self._docker),
+                network_of=self.id,
+            )  # fmt: skip
+        except BaseException:
+            await remove_snapshot(self._docker, image)
+            raise
+        twin._snapshot = image
+        return twin
 
     async def _stop_init(self) -> None:
         """Without docker-init the shell is the container's pid 1, which no signal from
@@ -678,6 +747,8 @@ class DockerSandbox(ShellBackedSandbox):
         finally:
             if self.io_dir is not None:
                 await asyncio.to_thread(remove_state_dir, self.io_dir)
+            if self._snapshot is not None:
+                await remove_snapshot(self._docker, self._snapshot)
 
 
 class DockerBackend(SandboxBackend[DockerSandboxConfig]):

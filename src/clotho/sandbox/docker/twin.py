@@ -1,0 +1,95 @@
+"""Services kept serving, verdict out of their reach: the twin container of a Docker sandbox.
+
+Terminal-Bench tasks may ask the agent to leave a server running (nginx on 8080, a gRPC
+store in the background); their tests talk to it. Stopping the agent's processes before the
+tests fails those tasks; testing beside live processes of the agent lets them rewrite the
+runner, the tests or the reward while the tests run. So when the agent left processes,
+verification runs in a *twin*: the agent's container is frozen (`HOLD_CONTAINER`) and
+committed to an image (a snapshot of exactly what was checked), and the tests run in a new
+container from that image that shares only the agent's network namespace. The agent's
+processes are then continued and serve over the shared loopback, but they cannot see, write
+or signal anything of the twin: its file system is the snapshot plus the harness's /tests
+and reward folder, its processes live in another pid namespace, its IPC is its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import secrets
+from typing import Any
+
+from clotho.errors import SandboxError
+
+SNAPSHOT_REPO = "clotho-snapshot"
+_COMMIT_TIMEOUT_S = 600.0
+
+# Freeze every process of the container but pid 1 (docker-init), the container's main process
+# (pid 1's oldest child, the harness's shell) and the caller, with `kill -STOP -1` in rounds
+# until none is left running (a fork racing the signal is caught by the next round); bash or
+# sh builtins only. Prints how many it holds (stopped, not killed: they may serve the tests).
+HOLD_CONTAINER = r"""
+self=$$; main=
+read -r c1 < /proc/1/comm
+if [ "$c1" = docker-init ] || [ "$c1" = tini ]; then
+  best=
+  for d in /proc/[0-9]*; do
+    read -r line < "$d/stat" 2>/dev/null || continue
+    set -- ${line##*) }
+    [ "$2" = 1 ] || continue
+    if [ -z "$best" ] || [ "${20}" -lt "$best" ]; then best=${20}; main=${d#/proc/}; fi
+  done
+fi
+round=0; held=0; running=1
+while [ $round -lt 100 ] && [ $running -gt 0 ]; do
+  kill -s STOP -- -1 2>/dev/null
+  held=0; running=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case $p in 1|"$self"|"$main") continue ;; esac
+    read -r line < "$d/stat" 2>/dev/null || continue
+    set -- ${line##*) }
+    case $1 in Z|X) ;; T|t) held=$((held + 1)) ;; *) running=$((running + 1)) ;; esac
+  done
+  round=$((round + 1))
+done
+echo "main=$main held=$held running=$running"
+"""
+# Continue what `HOLD_CONTAINER` stopped (everything but pid 1 and the caller).
+RELEASE_CONTAINER = "kill -s CONT -- -1 2>/dev/null; true\n"
+
+_HELD = re.compile(r"main=(\d*) held=(\d+) running=(\d+)")
+
+
+def parse_hold(output: str) -> tuple[int, int]:
+    """(held, still running) from `HOLD_CONTAINER`'s last line."""
+    found = _HELD.findall(output)
+    if not found:
+        raise SandboxError(f"cannot hold the agent's processes: {output.strip()[-300:]!r}")
+    _, held, running = found[-1]
+    return int(held), int(running)
+
+
+async def snapshot(container: Any, labels: dict[str, str]) -> str:
+    """Commit the (frozen) container to an image: the twin's file system. Returns its id."""
+    from aiodocker.exceptions import DockerError
+
+    tag = secrets.token_hex(6)
+    changes = [f'LABEL "{k}"="{v}"' for k, v in sorted(labels.items())]
+    try:
+        async with asyncio.timeout(_COMMIT_TIMEOUT_S):
+            info = await container.commit(
+                repository=SNAPSHOT_REPO, tag=tag, changes=changes, pause=True
+            )
+    except (DockerError, TimeoutError) as exc:
+        raise SandboxError(f"cannot snapshot the container for verification: {exc}") from exc
+    return str(info["Id"])
+
+
+async def remove_snapshot(docker: Any, image: str) -> None:
+    """Remove a twin's image (its container is gone first); a failure is left to gc."""
+    from aiodocker.exceptions import DockerError
+
+    with contextlib.suppress(DockerError, OSError):
+        await asyncio.shield(docker.images.delete(image, force=True))

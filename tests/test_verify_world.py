@@ -1,0 +1,314 @@
+"""The verdict comes from a world the agent did not shape (docs/security.md), on Docker.
+
+Each agent here is scripted (a named test double for a model): it types shell commands as a
+policy would through the terminal tool. Every class of attack stands beside an honest
+failure (0) and an honest solution (1) of the same task:
+
+- services the agent leaves running serve the tests (a twin container shares only their
+  network), and a live process of the agent can reach nothing of the tests' world;
+- the runner is the image's: pytest's configuration above /tests, pytest plugins, the
+  standard library and start-up hooks changed by the agent are `tamper`, while a package
+  the agent installed (its `.pth` included) is judged, not tampering;
+- the tests run in /tests, so a module the agent names like the runner is not imported.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from tests.docker_probe import requires_docker
+
+from clotho.agent.base import AgentContext
+from clotho.agent.result import AgentResult
+from clotho.rollout import RolloutOutcome
+from clotho.sandbox import DockerSandboxConfig
+from clotho.sandbox.pool import SlotPool
+from clotho.tasks.harbor import load_task
+from clotho.tasks.trial import HarborTrial, run_trial
+
+pytestmark = requires_docker
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+# The image's runner: pytest and what it imports, copied from the harness's own virtualenv
+# (the same Python 3.11 as the image's, pure Python).
+RUNNER_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
+DOCKERFILE = f"FROM clotho/base:bookworm\nCOPY site/ {SITE}/\nRUN mkdir -p /srv\n"
+
+
+class Scripted:
+    """A scripted agent (a named test double for a model): runs its commands in order."""
+
+    name = "scripted"
+
+    def __init__(self, *commands: str) -> None:
+        self.commands = commands
+        self.exits: list[int] = []
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        for command in self.commands:
+            self.exits.append((await ctx.sandbox.exec(command, timeout=60)).exit_code)
+        return AgentResult(messages=[{"role": "user", "content": ctx.instruction}])
+
+
+def _task(make_task, name: str, test_sh: str, tests: dict[str, str] | None = None) -> Path:
+    task = make_task(name, test_sh=test_sh, env_files={"Dockerfile": DOCKERFILE})
+    site = task / "environment" / "site"
+    site.mkdir()
+    host_site = Path(pytest.__file__).parent.parent
+    for package in RUNNER_PACKAGES:
+        source = host_site / package
+        if source.is_dir():
+            shutil.copytree(source, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, site / package)
+    for relative, text in (tests or {}).items():
+        (task / "tests" / relative).write_text(text)
+    return task
+
+
+async def _trial(task_dir: Path, agent: Scripted) -> RolloutOutcome:
+    async with SlotPool() as pool:
+        outcome = await run_trial(
+            HarborTrial(load_task(task_dir)), agent, DockerSandboxConfig(), pool, timeout_s=240
+        )
+        assert pool.stats()["in_use"] == 0
+    assert all(code == 0 for code in agent.exits), agent.exits
+    return outcome
+
+
+def _leftovers(task_name: str) -> list[str]:
+    """Containers and snapshot images of that task still on the daemon."""
+    found = []
+    for kind in ("ps -a", "images"):
+        out = subprocess.run(
+            ["docker", *kind.split(), "-q", "--filter", f"label=clotho.task={task_name}"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        found += out.split()
+    return found
+
+
+# --- services --------------------------------------------------------------------------
+
+SERVE = (
+    "cd /srv && setsid python3 -m http.server 8080 --bind 127.0.0.1 "
+    ">/dev/null 2>&1 </dev/null & "
+    'for i in $(seq 300); do python3 -c "import urllib.request as u; '
+    "u.urlopen('http://127.0.0.1:8080/')\" 2>/dev/null && break; sleep 0.1; done"
+)
+# The tests ask the agent's server for /answer.txt.
+SERVICE_TEST_SH = """\
+mkdir -p /logs/verifier
+got=$(python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/answer.txt', timeout=10).read().decode().strip())" 2>&1)
+echo "got $got"
+if [ "$got" = 42 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.parametrize(("answer", "reward"), [("42", 1.0), ("41", 0.0)])
+async def test_a_service_the_agent_left_running_serves_the_tests(
+    make_task, answer: str, reward: float
+) -> None:
+    """Terminal-Bench semantics: a server the task asked for is alive for its tests, which
+    judge what it serves; the twin and its snapshot are gone afterwards."""
+    task = _task(make_task, f"serve-{answer}", SERVICE_TEST_SH)
+    outcome = await _trial(task, Scripted(f"echo {answer} > /srv/answer.txt", SERVE))
+    assert outcome.error is None, outcome.error
+    assert outcome.reward == reward
+    assert outcome.verifier is not None and f"got {answer}" in outcome.verifier.output
+    assert _leftovers(f"serve-{answer}") == []
+
+
+async def test_without_the_service_the_tests_fail(make_task) -> None:
+    task = _task(make_task, "no-serve", SERVICE_TEST_SH)
+    outcome = await _trial(task, Scripted("echo 42 > /srv/answer.txt"))
+    assert outcome.error is None, outcome.error
+    assert outcome.reward == 0.0
+    assert outcome.verifier is not None and "refused" in outcome.verifier.output
+
+
+# A live process of the agent, continued while the tests run, that tries every way into
+# their world: other processes' roots (/proc/PID/root), the tests and reward folders, the
+# runner's programs. It beats a counter the tests read through the server, so the run shows
+# it was alive while they ran.
+REACHER = r"""cat > /tmp/reach.sh <<'EOF'
+n=0
+while :; do
+  n=$((n + 1)); echo $n > /srv/beat
+  for r in /proc/[0-9]*/root; do
+    [ -f "$r/tests/expected.txt" ] && cp "$r/tests/expected.txt" /srv/answer.txt
+    mkdir -p "$r/logs/verifier" 2>/dev/null && echo 1 > "$r/logs/verifier/reward.txt"
+  done
+  [ -f /tests/expected.txt ] && cp /tests/expected.txt /srv/answer.txt
+  mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt
+  sleep 0.02
+done
+EOF
+setsid bash /tmp/reach.sh >/dev/null 2>&1 </dev/null &"""
+REACHED_TEST_SH = """\
+mkdir -p /logs/verifier
+beat() { python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/beat', timeout=10).read().decode().strip())"; }
+first=$(beat); i=0
+while [ "$(beat)" = "$first" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i + 1)); done
+[ "$(beat)" != "$first" ] && echo "the agent's process is alive"
+got=$(python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/answer.txt', timeout=10).read().decode().strip())")
+if [ "$got" = "$(cat /tests/expected.txt)" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+async def test_a_live_process_of_the_agent_reaches_nothing_of_the_tests(make_task) -> None:
+    task = _task(make_task, "reach", REACHED_TEST_SH, {"expected.txt": "42\n"})
+    agent = Scripted("echo 41 > /srv/answer.txt", SERVE, REACHER)
+    outcome = await _trial(task, agent)
+    assert outcome.error is None, outcome.error
+    assert outcome.verifier is not None
+    assert "the agent's process is alive" in outcome.verifier.output
+    assert outcome.reward == 0.0
+
+
+# --- the runner ------------------------------------------------------------------------
+
+PYTEST_TEST_SH = """\
+mkdir -p /logs/verifier
+python3 -m pytest -q -p no:cacheprovider /tests/test_answer.py
+if [ $? -eq 0 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+TEST_ANSWER = (
+    "from pathlib import Path\n\n\n"
+    "def test_answer():\n"
+    "    assert Path('/app/answer.txt').read_text().strip() == '42'\n"
+)
+
+
+def _pytest_task(make_task, name: str) -> Path:
+    return _task(make_task, name, PYTEST_TEST_SH, {"test_answer.py": TEST_ANSWER})
+
+
+def _wheel(name: str, files: dict[str, str], entry_points: str = "") -> bytes:
+    """A wheel as an installer leaves it: its files, and a RECORD with their sha256."""
+    dist = f"{name}-1.0.dist-info"
+    files = {
+        **files,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    if entry_points:
+        files[f"{dist}/entry_points.txt"] = entry_points
+    lines = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        lines.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join([*lines, f"{dist}/RECORD,,"]) + "\n"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return buffer.getvalue()
+
+
+def _install(wheel: bytes) -> str:
+    """A shell command that unpacks the wheel into the system site folder, as pip does."""
+    data = base64.b64encode(wheel).decode()
+    return (
+        f'echo {data} | base64 -d > /tmp/w.whl && python3 -c "import zipfile; '
+        f"zipfile.ZipFile('/tmp/w.whl').extractall('{SITE}')\""
+    )
+
+
+HOOK_PTH = "import os; os.environ.setdefault('HOOKPKG', 'installed')\n"
+INSTALLED = _wheel("hookpkg", {"hookpkg.pth": HOOK_PTH, "hookpkg/__init__.py": "VALUE = 42\n"})
+PLUGIN = _wheel(
+    "passall",
+    {"passall.py": "def pytest_runtest_call(item):\n    pass\n"},
+    entry_points="[pytest11]\npassall = passall\n",
+)
+# Each attack, and the path the tamper message must name.
+ATTACKS = {
+    "pytest.ini at /": "printf '[pytest]\\naddopts = --collect-only\\n' > /pytest.ini",
+    "conftest.py at /": "printf 'import os\\n"
+    "def pytest_sessionfinish(session, exitstatus):\\n    os._exit(0)\\n' > /conftest.py",
+    "stdlib edited": "echo 'import os; os._exit(0)' >> /usr/lib/python3.11/pathlib.py",
+    "stdlib shadow": f"cp -r {SITE}/_pytest/config /usr/lib/python3.11/_pytest_x && "
+    "printf 'import os\\nos._exit(0)\\n' > /usr/lib/python3.11/pytest.py",
+    "sitecustomize": f"printf 'import os\\nos._exit(0)\\n' > {SITE}/sitecustomize.py",
+    "hand-made .pth": f"echo 'import os; os._exit(0)' > {SITE}/zz.pth",
+    "pytest plugin": _install(PLUGIN),
+    "loader preload": "echo /tmp/x.so > /etc/ld.so.preload",
+}
+
+
+NAMED = {
+    "pytest.ini at /": "/pytest.ini",
+    "conftest.py at /": "/conftest.py",
+    "stdlib edited": "python3.11/pathlib.py",
+    "stdlib shadow": "python3.11/pytest.py",
+    "sitecustomize": "sitecustomize.py",
+    "hand-made .pth": "zz.pth",
+    "pytest plugin": "passall-1.0.dist-info/entry_points.txt",
+    "loader preload": "/etc/ld.so.preload",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+async def test_a_changed_runner_is_tamper(make_task, attack: str) -> None:
+    task = _pytest_task(make_task, "runner")
+    outcome = await _trial(task, Scripted("echo 41 > /app/answer.txt", ATTACKS[attack]))
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
+    assert NAMED[attack] in outcome.error.message, outcome.error.message
+    assert outcome.reward is None and not outcome.passed
+
+
+@pytest.mark.parametrize(("answer", "reward"), [("42", 1.0), ("41", 0.0)])
+async def test_the_runner_judges_honest_work(make_task, answer: str, reward: float) -> None:
+    task = _pytest_task(make_task, f"honest-{answer}")
+    outcome = await _trial(task, Scripted(f"echo {answer} > /app/answer.txt"))
+    assert outcome.error is None, outcome.error
+    assert outcome.verifier is not None
+    assert outcome.reward == reward, outcome.verifier.output
+
+
+async def test_a_module_named_like_the_runner_in_the_workspace_is_not_imported(
+    make_task,
+) -> None:
+    """The tests run in /tests: the agent's /app/pytest.py is not the `-m pytest` imported."""
+    task = _pytest_task(make_task, "shadow-cwd")
+    forge = "printf 'import os\\nos._exit(0)\\n' > /app/pytest.py"
+    outcome = await _trial(task, Scripted("echo 41 > /app/answer.txt", forge))
+    assert outcome.error is None, outcome.error
+    assert outcome.reward == 0.0
+
+
+INSTALLED_TEST_SH = """\
+mkdir -p /logs/verifier
+python3 -c "import os, hookpkg; assert hookpkg.VALUE == 42 and os.environ['HOOKPKG'] == 'installed'"
+if [ $? -eq 0 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+async def test_an_installed_package_with_a_start_up_hook_is_judged_not_tamper(
+    make_task,
+) -> None:
+    """A package installed with its `.pth` (as setuptools or eigenpy install theirs) is the
+    task's software: its hook runs in the tests' interpreter and the tests pass."""
+    task = _task(make_task, "installed", INSTALLED_TEST_SH)
+    outcome = await _trial(task, Scripted(_install(INSTALLED)))
+    assert outcome.error is None, outcome.error
+    assert outcome.reward == 1.0
+    nothing = await _trial(task, Scripted("true"))
+    assert nothing.error is None and nothing.reward == 0.0, nothing.error
+
+
+async def test_a_hook_edited_after_its_install_is_tamper(make_task) -> None:
+    """The same package, its `.pth` rewritten after the install: no longer the installer's."""
+    task = _task(make_task, "installed-edited", INSTALLED_TEST_SH)
+    edit = f"echo 'import os; os._exit(0)' >> {SITE}/hookpkg.pth"
+    outcome = await _trial(task, Scripted(_install(INSTALLED), edit))
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
+    assert "hookpkg.pth" in outcome.error.message
