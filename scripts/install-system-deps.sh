@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the Debian packages clotho's local sandbox needs (bubblewrap, util-linux for unshare),
+# Install the Debian packages clotho's local sandbox needs (bubblewrap, util-linux for unshare,
+# e2fsprogs for the sandboxes' own file systems),
 # and Chromium with its driver for the viewer's browser test.
 # Runs apt-get only when something is missing and we are root; otherwise says what to install.
 set -euo pipefail
@@ -8,6 +9,9 @@ missing=()
 command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 command -v git >/dev/null 2>&1 || missing+=(git)
+# Storage limits the kernel enforces: each local sandbox's state folder (and each container's
+# writable layer) is an ext4 of its own, made from a template by mkfs.ext4 and loop-mounted.
+command -v mkfs.ext4 >/dev/null 2>&1 || missing+=(e2fsprogs)
 # The verifier's fallback for images whose find is busybox's is tested with busybox itself.
 command -v busybox >/dev/null 2>&1 || missing+=(busybox-static)
 # --network for local sandboxes: user-mode networking, and a rule that keeps the host's own

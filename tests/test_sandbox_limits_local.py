@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +21,7 @@ from tests.sandbox_fixtures import requires_bwrap
 from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import LimitExceeded
-from clotho.sandbox import LocalSandboxConfig, limits, open_sandbox
+from clotho.sandbox import LocalSandboxConfig, limits, open_sandbox, quota
 from clotho.sandbox.backends import EnvironmentSpec, LocalBackend
 from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.cgroups import available
@@ -75,6 +78,11 @@ async def open_limited(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
         await sb.close()
         assert leftover_cgroups(sb.state.name) == []
         assert not sb.state.exists()
+        assert mounted_under(sb.state) == []
+        if sb.limits.disk is not None:  # its loop device lets go of the image (the
+            # kernel may finish that after the detach)
+            device, state = sb.limits.disk.device, str(sb.state)
+            assert await wait_until(lambda d=device, s=state: s not in loop_backing(d))
 
 
 # --- memory --------------------------------------------------------------------------------
@@ -159,28 +167,93 @@ async def test_a_file_beyond_the_storage_limit_fails_at_once(open_limited) -> No
     assert sb.limits.tripped is None
 
 
+def image_blocks(state: Path) -> int:
+    """Bytes the sandbox's image takes on the host disk: the image lies in the state folder,
+    under the mount it backs, so a bind of the parent without its submounts shows it."""
+    view = Path(tempfile.mkdtemp(prefix="clotho-under-"))
+    subprocess.run(["mount", "--bind", str(state.parent), str(view)], check=True)
+    try:
+        return (view / state.name / quota.IMAGE_NAME).stat().st_blocks * 512
+    finally:
+        subprocess.run(["umount", str(view)], check=True)
+        view.rmdir()
+
+
+def loop_backing(device: str) -> str:
+    """The file a loop device is attached to, "" when it is free."""
+    try:
+        return Path(f"/sys/block/{Path(device).name}/loop/backing_file").read_text()
+    except OSError:
+        return ""
+
+
+def mounted_under(path: Path) -> list[str]:
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return [p for p in points if p == str(path) or p.startswith(f"{path}/")]
+
+
 async def test_files_adding_up_beyond_the_storage_limit_end_the_sandbox(open_limited) -> None:
+    """The third file does not fit: the kernel refuses it (ENOSPC), and the command that
+    filled the disk ends the sandbox as a limit, every later call too."""
     sb = await open_limited(storage_mb=64)
+    assert sb.limits.disk is not None
     with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
         await sb.exec("for i in 1 2 3; do head -c 30M /dev/urandom > /app/f$i; done", timeout=60)
-        await until_raises(lambda: sb.exec("true"))
+    assert sb.limits.disk.free()[0] < 1 << 20
+    with pytest.raises(LimitExceeded, match="storage limit"):
+        await sb.exec("true")
 
 
-async def test_writes_below_the_storage_limit_are_fine(
-    open_limited, monkeypatch: pytest.MonkeyPatch
+async def test_fallocate_past_the_quota_fails_inside_and_the_host_gives_no_more(
+    open_limited,
 ) -> None:
-    looks: list[int] = []
-    real = limits.disk_usage
+    """Six `fallocate`s of 400 MB against a 500 MB quota (each file under the file size
+    limit): the second is refused inside, the command is a limit, and the host disk holds
+    no more than the sandbox's image."""
+    sb = await open_limited(storage_mb=500)
+    assert sb.limits.disk is not None
+    fill = "for i in 1 2 3 4 5 6; do fallocate -l 400M /app/f$i; echo $? >> /app/rc; done"
+    with pytest.raises(LimitExceeded, match="storage limit of 500 MB reached"):
+        await sb.exec(fill, timeout=120)
+    assert (sb.state / "app" / "rc").read_text().split() == ["0", "1", "1", "1", "1", "1"]
+    allocated = sum(f.stat().st_blocks * 512 for f in (sb.state / "app").glob("f*"))
+    assert 400 << 20 <= allocated <= (500 + 16) << 20
+    size = quota.image_bytes(500 << 20, quota.inodes_for(500 << 20))
+    st = os.statvfs(sb.state)
+    assert st.f_blocks * st.f_frsize <= size
+    assert image_blocks(sb.state) <= size  # what the host disk gave the sandbox
 
-    def counted(root: Path) -> int:
-        looks.append(real(root))
-        return looks[-1]
 
-    monkeypatch.setattr(limits, "disk_usage", counted)
+async def test_empty_files_past_the_inode_limit_end_the_sandbox(open_limited) -> None:
+    """200,000 empty files use almost no bytes; the sandbox's file system has 32,000
+    inodes for 500 MB, so the kernel refuses the rest, and the host's inodes are not used."""
+    sb = await open_limited(storage_mb=500)
+    assert sb.limits.disk is not None and sb.limits.disk.inodes == 32000
+    make = (
+        "python3 -c 'import os\n"
+        "n = 0\n"
+        "try:\n"
+        '    for i in range(200000): os.close(os.open(f"/app/e{i}", os.O_CREAT | os.O_WRONLY)); n += 1\n'
+        "except OSError as e: print(n, e.errno)' > /app/made"
+    )
+    with pytest.raises(LimitExceeded, match="inode limit of 32000 files reached"):
+        await sb.exec(make, timeout=300)
+    made, err = (sb.state / "app" / "made").read_text().split()
+    assert int(err) == 28 and 30000 < int(made) < 32000  # ENOSPC near the limit
+    assert os.statvfs(sb.state).f_favail == 0
+    assert os.stat(sb.state / "app").st_dev != os.stat(sb.state.parent).st_dev  # not the host's
+    with pytest.raises(LimitExceeded, match="inode limit"):
+        await sb.exec("true")
+
+
+async def test_writes_below_the_storage_limit_are_fine(open_limited) -> None:
     sb = await open_limited(storage_mb=64)
+    assert sb.limits.disk is not None
     assert (await sb.exec("head -c 40M /dev/zero > /usr/local/f && echo ok")).stdout == "ok\n"
-    assert await wait_until(lambda: any(used >= 40 << 20 for used in looks))  # it was seen
     assert (await sb.exec("stat -c %s /usr/local/f")).stdout == f"{40 << 20}\n"
+    st = os.statvfs(sb.state)
+    assert (st.f_blocks - st.f_bfree) * st.f_frsize >= 40 << 20  # on the sandbox's disk
+    assert (await sb.exec("rm /usr/local/f && echo removed")).stdout == "removed\n"
     assert sb.limits.tripped is None
 
 
@@ -265,7 +338,7 @@ async def test_close_removes_the_cgroups(open_limited) -> None:
 _OWNER = textwrap.dedent(
     """\
     import asyncio, sys
-    from clotho.sandbox import LocalSandboxConfig, limits, open_sandbox
+    from clotho.sandbox import LocalSandboxConfig, limits, open_sandbox, quota
 
     async def main():
         sb = await open_sandbox(LocalSandboxConfig(state_dir=sys.argv[1]), {})
@@ -291,11 +364,13 @@ async def test_cgroups_of_a_killed_owner_are_reaped(tmp_path: Path) -> None:
         owner.send_signal(signal.SIGKILL)
         await owner.wait()
     assert leftover_cgroups(name) and (state / name).exists()  # what the SIGKILL left
+    assert mounted_under(state / name) == [str(state / name)]  # its own file system too
     pool = SlotPool(PoolConfig())
     async with pool, pool.lease(LocalSandboxConfig(state_dir=str(state))) as sb:
         assert (await sb.exec("echo in")).stdout == "in\n"
         assert await wait_until(lambda: leftover_cgroups(name) == [])
         assert await wait_until(lambda: not (state / name).exists())
+        assert mounted_under(state / name) == []
 
 
 async def test_listing_sweeps_empty_cgroups_whose_folder_is_gone(tmp_path: Path) -> None:
@@ -319,23 +394,74 @@ async def test_listing_sweeps_empty_cgroups_whose_folder_is_gone(tmp_path: Path)
                     sub.rmdir()
 
 
-async def test_a_background_writer_is_stopped_between_commands(open_limited) -> None:
+async def test_a_background_writer_is_refused_and_the_next_command_is_a_limit(
+    open_limited,
+) -> None:
     sb = await open_limited(storage_mb=64)
+    assert sb.limits.disk is not None
     # The writer starts after the command that launched it has returned: at a file it makes.
     await sb.exec(
         "(until [ -e /app/go ]; do sleep 0.01; done; "
-        "for i in 1 2 3; do head -c 30M /dev/zero > /app/bg$i; done) >/dev/null 2>&1 &"
+        "for i in 1 2 3; do head -c 30M /dev/zero > /app/bg$i; done; touch /app/done) "
+        ">/dev/null 2>&1 &"
     )
     await sb.exec("touch /app/go")
-    assert await wait_until(lambda: sb.limits.tripped is not None)
+    assert await wait_until(lambda: (sb.state / "app" / "done").exists())
+    assert sb.limits.disk.full() == "bytes"  # the kernel stopped it at the limit
     with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
         await sb.exec("echo after")
 
 
-async def test_without_cgroup_limits_storage_is_still_watched(open_limited) -> None:
+async def test_without_cgroup_limits_storage_is_still_enforced(open_limited) -> None:
     sb = await open_limited(cgroup_limits=False, storage_mb=64)
     assert not cgroup("memory", sb.state.name).exists()
     assert not cgroup("pids", sb.state.name).exists()
     with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
         await sb.exec("for i in 1 2 3; do head -c 30M /dev/zero > /app/f$i; done", timeout=60)
-        await until_raises(lambda: sb.exec("true"))
+
+
+# --- where no loop device can be mounted: the watch ------------------------------------------
+
+
+@pytest.fixture
+def no_loop_devices(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A double for a host where the state folder cannot be a file system of its own (this
+    one can): `quota.unavailable` says why, as it would there."""
+    monkeypatch.setattr(quota, "unavailable", lambda: "no loop devices (test double)")
+    monkeypatch.setattr(limits, "_reported", set())
+    caplog.set_level(logging.WARNING, logger="clotho.sandbox.limits")
+
+
+async def test_without_loop_devices_storage_is_watched_and_said_once(
+    open_limited, no_loop_devices: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = await open_limited(storage_mb=64)
+    second = await open_limited(storage_mb=64)
+    assert first.limits.disk is None and second.limits.disk is None
+    assert mounted_under(first.state) == []
+    said = [r.getMessage() for r in caplog.records if "watched, not enforced" in r.message]
+    assert said == [
+        "local sandboxes' storage limit is watched, not enforced, and inodes are not "
+        "limited: no loop devices (test double)"
+    ]
+    with pytest.raises(LimitExceeded, match="storage limit of 64 MB reached"):
+        await first.exec("for i in 1 2 3; do head -c 30M /dev/zero > /app/f$i; done", timeout=60)
+        await until_raises(lambda: first.exec("true"))
+    assert (await second.exec("echo fine")).stdout == "fine\n"
+
+
+async def test_without_loop_devices_writes_below_the_limit_are_seen_and_fine(
+    open_limited, no_loop_devices: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks: list[int] = []
+    real = limits.disk_usage
+
+    def counted(root: Path) -> int:
+        looks.append(real(root))
+        return looks[-1]
+
+    monkeypatch.setattr(limits, "disk_usage", counted)
+    sb = await open_limited(storage_mb=64)
+    assert (await sb.exec("head -c 40M /dev/zero > /usr/local/f && echo ok")).stdout == "ok\n"
+    assert await wait_until(lambda: any(used >= 40 << 20 for used in looks))  # it was seen
+    assert sb.limits.tripped is None

@@ -11,13 +11,17 @@ like `cgroups.py`: this host and CI mount every controller on v1 and leave the v
 empty; a host with no writable v1 hierarchy gets a `SandboxError` unless
 `cgroup_limits` is off.
 
-Storage is a watched quota, not a file system of its own: a loop-mounted ext4 per sandbox
-costs 30-50 ms to make and mount here (a cold start is about 10 ms), and a tmpfs would charge
-the files to memory. The watcher sums the blocks allocated under the state folder (the
-overlay's upper layer, the workspace, the transfer folder) in a thread, again before the
-headroom could be used up at `WRITE_RATE` (and never more than 5% of a core), and kills the
-sandbox when it is past the limit. RLIMIT_FSIZE stops a single file beyond the limit at once
-(EFBIG, SIGXFSZ), like a full disk would.
+Storage is enforced by the kernel where it can be (`quota.py`): the state folder (the
+overlay's upper layer, the workspace, the transfer folder) is a file system of its own, as
+large as the byte limit with `quota.BYTES_PER_INODE` per inode, loop-mounted from a sparse
+image. A write past either fails inside with ENOSPC and the host disk never gives more; the
+next command (or transfer) that finds it full ends the sandbox with `LimitExceeded`, a
+failure of kind `limit`, as the kernel's other limits do. Where no loop device can be
+mounted (not root), the limit is watched instead, and said so once at run time: a thread
+sums the blocks allocated under the state folder, again before the headroom could be used
+up at `WRITE_RATE` (and never more than 5% of a core), and kills the sandbox when it is past
+the limit; inodes are not limited then. RLIMIT_FSIZE stops a single file beyond the limit at
+once (EFBIG, SIGXFSZ) either way, wherever it is written (/tmp too, a tmpfs in memory).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clotho.errors import LimitExceeded, SandboxError
-from clotho.sandbox import cgroups
+from clotho.sandbox import cgroups, quota
 from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import (
     DEFAULT_LOCAL_MEMORY_MB,
@@ -51,6 +55,17 @@ WRITE_RATE = 2 << 30
 _MIN_INTERVAL_S = 0.2
 _MAX_INTERVAL_S = 10.0
 _WALK_SHARE = 20  # wait at least this many times as long as the last walk took
+_reported: set[str] = set()  # why storage is only watched, said once per process
+
+
+def _report_watched(reason: str) -> None:
+    if reason not in _reported:
+        _reported.add(reason)
+        log.warning(
+            "local sandboxes' storage limit is watched, not enforced, and inodes are not "
+            "limited: %s",
+            reason,
+        )
 
 
 def controllers(config: LocalSandboxConfig) -> tuple[str, ...]:
@@ -198,6 +213,11 @@ class Limits:
     storage_mb: int
     cpus: float | None
 
+    @property
+    def inodes(self) -> int:
+        """The file limit that goes with the storage limit."""
+        return quota.inodes_for(self.storage_mb << 20)
+
     @classmethod
     def of(cls, config: LocalSandboxConfig) -> Limits:
         return cls(
@@ -233,6 +253,7 @@ class SandboxLimits:
     _enforced: bool = False  # memory and pids limits are set on `cgroups`
     _last_hit: str | None = None  # the last limit a command hit
     _fds: dict[str, int] = field(default_factory=dict)  # open counter files
+    disk: quota.Disk | None = None  # the state folder's own file system, if it has one
 
     @classmethod
     def create(
@@ -243,6 +264,7 @@ class SandboxLimits:
         limits set. Without cgroups to write, `cgroups` is None, and a config that asks for
         cgroup limits gets a SandboxError that says how to run without them."""
         self = cls(Limits.of(config), state)
+        self._mount_disk()
         needed = controllers(config)
         wanted = tuple(dict.fromkeys((*also, *needed)))
         if not wanted:
@@ -273,6 +295,21 @@ class SandboxLimits:
             )
             self._fds["pids"] = _open_counter(self.cgroups.path("pids", agent) / "pids.events")
         return self
+
+    def _mount_disk(self) -> None:
+        """Make the state folder a file system of the storage limit's size (or say once why
+        not and leave the limit to the watch). A mount that fails where it should work is a
+        SandboxError: the limit is not silently weakened."""
+        reason = quota.unavailable()
+        if reason is not None:
+            _report_watched(reason)
+            return
+        try:
+            self.disk = quota.Disk.mount_over(
+                self.state, self.limits.storage_mb << 20, self.limits.inodes
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot make the sandbox's file system: {exc}") from exc
 
     def _path(self, controller: str, file: str) -> Path:
         assert self.cgroups is not None
@@ -316,6 +353,11 @@ class SandboxLimits:
             hits.append(f"memory limit of {self.limits.memory_mb} MB reached")
         if now.pids_max > before.pids_max:
             hits.append(f"process limit of {self.limits.pids} reached")
+        if self.disk is not None and (full := self.disk.full()) is not None:
+            if full == "inodes":
+                hits.append(f"inode limit of {self.disk.inodes} files reached")
+            else:
+                hits.append(f"storage limit of {self.limits.storage_mb} MB reached")
         self._last_hit = hits[-1] if hits else self._last_hit
         return hits
 
@@ -350,8 +392,11 @@ class SandboxLimits:
     # -- storage watch --------------------------------------------------------------------
 
     def watch(self, shell_pid: int | None) -> None:
-        """Watch the state folder's size (a task on the running loop) until `close`."""
+        """Watch the state folder's size (a task on the running loop) until `close`, unless
+        the kernel enforces it (`disk`)."""
         self._shell_pid = shell_pid
+        if self.disk is not None:
+            return
         self._watch = asyncio.get_running_loop().create_task(self._watch_storage())
 
     async def _watch_storage(self) -> None:
