@@ -495,3 +495,36 @@ def test_process_generates_instances_from_a_repository(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     (group,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert group["scores"] == [0.0, 0.0]  # nothing changed: the generated bug is still there
+
+
+FORGE_REPORTS = """
+try:  # turn every failing test into a pass, from inside the process that records them
+    import _pytest.reports as _reports
+
+    _made = _reports.TestReport.from_item_and_call.__func__
+
+    def _passing(cls, item, call):
+        report = _made(cls, item, call)
+        report.outcome = "passed"
+        return report
+
+    _reports.TestReport.from_item_and_call = classmethod(_passing)
+except ImportError:
+    pass
+"""
+
+
+@requires_bwrap
+async def test_a_patch_that_reaches_into_the_test_runner_is_tamper(options: SweOptions) -> None:
+    """The code under test runs in the process that records the outcomes: a patch to the
+    package that monkeypatches pytest's reports is `tamper`, the lines shown, not a pass."""
+    trial = trials(options)[0]
+    module = next(
+        line[6:] for line in trial.instance.patch.splitlines() if line.startswith("+++ b/")
+    )
+    forge = f"cat >> {shlex.quote(module)} <<'EOF'\n{FORGE_REPORTS}EOF"
+    async with SlotPool() as pool:
+        outcome = await run_trial(trial, Script(forge), LocalSandboxConfig(), pool)
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
+    assert f"{module}: import _pytest.reports as _reports" in outcome.error.message
+    assert outcome.reward is None and not outcome.passed

@@ -143,11 +143,20 @@ async def docker_records(docker: Any) -> list[SandboxRecord]:
 
 
 async def remove_docker(docker: Any, record: SandboxRecord) -> None:
-    """Force-remove a container; one that is already gone is not an error."""
+    """Force-remove a container; one that is already gone is not an error. A verification
+    twin's snapshot image (`docker/twin.py`, its label) goes with it."""
     from aiodocker.exceptions import DockerError
 
+    container = docker.containers.container(record.id)
+    image = None
+    if record.labels.get("clotho.snapshot") == "1":
+        with contextlib.suppress(DockerError):
+            image = (await container.show()).get("Image")
     try:
-        await docker.containers.container(record.id).delete(force=True)
+        await container.delete(force=True)
     except DockerError as exc:
         if exc.status != 404:
             raise
+    if image:
+        with contextlib.suppress(DockerError):
+            await docker.images.delete(image, force=True)

@@ -99,7 +99,9 @@ class SweTrial:
         return missing_image_message(self.instance, image, self.spec)
 
     def environment_spec(self) -> EnvironmentSpec:
-        return EnvironmentSpec(name=self.name.lower()[:100], image=self.image)
+        return EnvironmentSpec(
+            name=self.name.lower()[:100], image=self.image, build_hint=self.missing_image()
+        )
 
     async def prepare(self, sandbox: Sandbox) -> Path:
         """The repository at /testbed (and its dependencies installed): the snapshot of

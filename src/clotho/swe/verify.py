@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import shlex
 import tarfile
 from importlib import metadata
 from pathlib import Path
 
-from clotho.errors import VerifierError
+from clotho.errors import TamperError, VerifierError
 from clotho.rollout.outcome import VerifierOutcome
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DEFAULT_PATH
@@ -345,6 +346,34 @@ def score(
     return (1.0 if all(f2p) and all(p2p) else 0.0), rewards
 
 
+# The test runner the outcomes come from (our pytest and its plugin system): code under test
+# that names it is reaching into the process that records its verdict.
+_RUNNER_NAMES = re.compile(
+    r"\b(?:_pytest|pytest|pluggy|TestReport|CollectReport|runtestprotocol|junitxml|LogXML)\b"
+)
+_TEST_FILE = re.compile(  # restored from the base commit before the tests run
+    r"(?:^|/)(?:tests?|testing)/|(?:^|/)test_[^/]*\.py$|_test\.py$"
+    r"|(?:^|/)(?:conftest\.py|pytest\.ini|tox\.ini|setup\.cfg)$"
+)
+
+
+def runner_reach(diff: str, repo: str = "") -> list[str]:
+    """The lines the agent's diff adds, outside test files (which verification restores), that
+    name the test runner: a patch to the package under test that monkeypatches pytest's
+    reports turns failures into passes from inside the recording process. Not for the test
+    runner's own repositories, whose code is pytest."""
+    if re.search(r"(?:^|/)(?:pytest|pluggy)$", repo):
+        return []
+    found: list[str] = []
+    path = ""
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].removeprefix("b/")
+        elif line.startswith("+") and not _TEST_FILE.search(path) and _RUNNER_NAMES.search(line):
+            found.append(f"{path}: {line[1:].strip()[:200]}")
+    return found
+
+
 async def verify_instance(
     instance: SweInstance,
     sandbox: Sandbox,
@@ -360,6 +389,12 @@ async def verify_instance(
     await _fresh(sandbox, _prepare_script(), "prepare the verifier's folder", stdin=payload)
     await _fresh(sandbox, _restore_script(testbed), "restore the test files", timeout=600.0)
     diff = await _read_capped(sandbox, f"{WORK}/out/agent.diff", DIFF_MAX_BYTES) or ""
+    if reach := runner_reach(diff, instance.repo):
+        raise TamperError(
+            "the agent's patch reaches into the test runner that records the outcomes ("
+            + "; ".join(reach[:5])
+            + "); the tests were not run"
+        )
     parser: str | None = None
     if reads_log(instance, spec):
         cases, tails, timed_out, parser = await _run_logged(

@@ -60,7 +60,7 @@ from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, main_shell_command, make_fifos
 from clotho.sandbox.docker.fresh import STOP_CONTAINER, fresh_exec, in_container
-from clotho.sandbox.docker.images import ensure_context_image, image_exists
+from clotho.sandbox.docker.images import ensure_context_image, ensure_image, image_exists
 from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.rootfs import host_digests
 from clotho.sandbox.docker.twin import (
@@ -833,13 +833,14 @@ class DockerBackend(SandboxBackend[DockerSandboxConfig]):
         """(image, whether it holds the workspace): a prebuilt image present here, else one
         built from the context, else the base image."""
         if spec.image and not force_build:
+            if spec.context is None:  # present, pulled, or the task's error with a hint
+                await ensure_image(
+                    self.client, spec.image, what=spec.name, hint=spec.build_hint,
+                    timeout_s=spec.build_timeout_s or 600.0,
+                )  # fmt: skip
+                return spec.image, False
             if await image_exists(self.client, spec.image):
-                return spec.image, spec.context is not None
-            if spec.context is None:
-                raise SandboxError(
-                    f"{spec.name}: image {spec.image} is not available locally "
-                    "and the task has no Dockerfile to build it from"
-                )
+                return spec.image, True
         if spec.context is None:
             return default, False
         if not (spec.context / spec.dockerfile).is_file():
