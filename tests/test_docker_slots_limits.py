@@ -9,6 +9,7 @@ is missing the guard below skips with the reason (a failure under CI=true).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,27 @@ def count(path: Path) -> int:
     return int(path.read_text().split()[0])
 
 
+async def start_bomb(slot: SlotSandbox) -> None:
+    """A fork bomb in the background; the command starting it may already end as `limit`
+    (the bomb reached the slot's limit before the command's check)."""
+    with contextlib.suppress(LimitExceeded):
+        await slot.exec("b() { b | b & }; (b) &")
+
+
+def tasks_of(uid: int) -> int:
+    """Tasks (threads included) this host runs as `uid`, as RLIMIT_NPROC counts them."""
+    found = 0
+    for status in Path("/proc").glob("[0-9]*/task/[0-9]*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("Uid:"):
+                    found += line.split()[1] == str(uid)
+                    break
+        except OSError:
+            continue
+    return found
+
+
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 async def test_a_slots_fork_bomb_is_its_own_and_the_neighbour_keeps_forking(
     slot_host: SlotHost, isolation: str
@@ -62,7 +84,7 @@ async def test_a_slots_fork_bomb_is_its_own_and_the_neighbour_keeps_forking(
     assert group is not None
     try:
         assert count(group.pids / "pids.max") == share
-        await bomber.exec("b() { b | b & }; (b) &")
+        await start_bomb(bomber)
         assert await wait_until(lambda: group.counters()[1] > 0)  # the kernel refused its fork
         # The neighbour forks freely while the bomb holds its slot's share.
         r = await neighbour.exec("for i in $(seq 30); do (true) || exit 1; done; echo forked")
@@ -111,6 +133,39 @@ async def test_a_slots_oom_kill_is_limit_whatever_its_exit_code(
     finally:
         await hog.close()
         await neighbour.close()
+
+
+async def test_without_slot_cgroups_an_isolated_slots_fork_bomb_is_still_its_own() -> None:
+    """A host where slots cannot get cgroups (`slot_cgroups=False` takes that path here: a
+    remote daemon or cgroup v2 would): each isolated slot's uid has its share as
+    RLIMIT_NPROC, out of a uid block of its container's own, so the neighbour keeps forking
+    and the bomber ends as `limit`."""
+    import aiodocker
+
+    config = DockerSandboxConfig(slots_per_container=2, slot_isolation="bwrap", pids_limit=256)
+    share = slot_pids(256, 2)
+    host = SlotHost(aiodocker.Docker(), owns_client=True, slot_cgroups=False)
+    try:
+        bomber, neighbour = await asyncio.gather(host.open(config), host.open(config))
+        assert bomber.container_id == neighbour.container_id
+        assert bomber.cgroup is None and bomber.layout.nproc == share
+        assert neighbour.layout.uid != bomber.layout.uid
+        uid = bomber.layout.uid
+        await start_bomb(bomber)
+        assert await wait_until(lambda: tasks_of(uid) >= (share or 0))  # at its limit
+        r = await neighbour.exec("for i in $(seq 30); do (true) || exit 1; done; echo forked")
+        assert (r.exit_code, r.stdout) == (0, "forked\n"), r.stderr
+        assert tasks_of(uid) > (share or 0) // 2  # the bomb was still there
+        with pytest.raises(LimitExceeded, match="process limit"):
+            await bomber.exec("true")
+        with pytest.raises(LimitExceeded):
+            await bomber.stop_agent()
+        await bomber.close()
+        assert tasks_of(uid) == 0
+        assert (await neighbour.exec("echo fine")).stdout == "fine\n"
+        await neighbour.close()
+    finally:
+        await host.close()
 
 
 async def test_a_containers_oom_kill_is_limit_whatever_its_exit_code() -> None:

@@ -6,10 +6,12 @@ the container's cgroup; the kernel counts what they refused: `oom_kill` in
 `memory.oom_control` (cgroup v1) or `memory.events` (v2), `max` in `pids.events`. Those
 files are read on the host (the daemon is local: the cgroup path comes from
 `/proc/<docker-init pid>/cgroup`), so nothing in the container is asked; without them
-Docker's `State.OOMKilled` still tells an out-of-memory kill. Disk has no kernel limit here
-(`StorageOpt size` needs overlay2 on xfs with pquota; this host has ext4), so a watched quota
-stands in: the writable layer's size (`SizeRw` of `GET /containers/{id}/json?size=1`) is
-checked while commands run and after them, and a container past it is killed.
+Docker's `State.OOMKilled` still tells an out-of-memory kill. Disk: the writable layer is a
+file system of the limit's size and inode count (`docker/quota.py`), so the kernel refuses
+a write past either; a command after which it is full is the limit. Where that cannot be
+made (`confine` said why), a watched quota stands in: the writable layer's size (`SizeRw` of
+`GET /containers/{id}/json?size=1`) is checked while commands run and after them, and a
+container past it is killed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from clotho.errors import LimitExceeded, SandboxError
+from clotho.sandbox import quota
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +264,7 @@ class LimitWatch:
         self._checks: set[asyncio.Task[None]] = set()
         self._base = (0, 0)
         self._last_disk = 0.0
+        self.disk: quota.Disk | None = None  # the writable layer's own file system
 
     async def start(self) -> None:
         """Find the cgroup folders and take the counters' starting values."""
@@ -275,6 +279,31 @@ class LimitWatch:
         if pids is not None:
             self._fds["pids"] = _open(pids / "pids.events")
         self._base = self._counters()
+        if self.storage_bytes is not None:
+            from clotho.sandbox.docker.quota import disk_in
+
+            self.disk = await asyncio.to_thread(disk_in, info, self.storage_bytes >> 20)
+
+    def pids_current(self) -> int | None:
+        """Tasks in the container now (its pids cgroup, readable by anyone; None for a
+        remote daemon)."""
+        pids = (self._dirs or {}).get("pids")
+        if pids is None:
+            return None
+        try:
+            return int((pids / "pids.current").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def slot_cgroups_possible(self) -> bool:
+        """Whether slots can get cgroups of their own here (see `SlotCgroup.create`)."""
+        dirs = self._dirs or {}
+        return (
+            "memory" in dirs
+            and "pids" in dirs
+            and (dirs["memory"] / "memory.oom_control").exists()
+            and all(os.access(dirs[k], os.W_OK) for k in ("memory", "pids"))
+        )
 
     def slot_cgroup(self, name: str, pids_max: int | None) -> SlotCgroup | None:
         """A slot's own cgroups under this container's (see `SlotCgroup`), or None."""
@@ -337,7 +366,7 @@ class LimitWatch:
             if since is not None:
                 raise LimitExceeded(hit)  # this slot's; its neighbours go on
             self.hit = hit
-        if self.hit is None and disk:
+        if self.hit is None and (disk or self.disk is not None):
             await self._check_disk()
         self.raise_if_hit(who)
 
@@ -345,20 +374,31 @@ class LimitWatch:
         if self.storage_bytes is None:
             return
         self._last_disk = time.monotonic()
+        if self.disk is not None:  # enforced: full is the limit (statvfs, a few us)
+            full = self.disk.full()
+            if full is not None:
+                await self._over(
+                    f"the sandbox used its disk's inode limit of {self.disk.inodes} files"
+                    if full == "inodes"
+                    else f"the sandbox filled its disk limit of {self.storage_bytes >> 20} MB"
+                )
+            return
         used = await self.disk_used()
         if used > self.storage_bytes:
-            if self.culprit is not None:  # shared by slots: whose files are they?
-                try:
-                    self.hit_by = await self.culprit()
-                except Exception as exc:
-                    log.warning(
-                        "finding the slot that filled %s failed: %s", self.container.id, exc
-                    )
-            self.hit = (
+            await self._over(
                 f"the sandbox wrote {used >> 20} MB, past its disk limit of "
                 f"{self.storage_bytes >> 20} MB"
             )
-            await self._kill()
+
+    async def _over(self, hit: str) -> None:
+        """The disk limit broke the container: name whose files they are, and kill it."""
+        if self.culprit is not None:  # shared by slots: whose files are they?
+            try:
+                self.hit_by = await self.culprit()
+            except Exception as exc:
+                log.warning("finding the slot that filled %s failed: %s", self.container.id, exc)
+        self.hit = hit
+        await self._kill()
 
     async def disk_used(self) -> int:
         """Bytes in the container's writable layer (`SizeRw`)."""
@@ -380,8 +420,8 @@ class LimitWatch:
         """While a command runs: check the disk every interval (a timer, cheaper than a task
         per command); a container past its quota is killed (the command then fails, and
         `check` says why). Cancel the returned watch when the command is done."""
-        if self.storage_bytes is None or self.hit is not None:
-            return None
+        if self.storage_bytes is None or self.hit is not None or self.disk is not None:
+            return None  # nothing to watch, or the kernel enforces it
         return DiskWatch(self)
 
 

@@ -38,6 +38,10 @@ class SlotLayout:
     workdir: str  # the configured workdir (as an isolated slot sees it)
     isolated: bool
     token: str  # in every process's environment (SLOT_ENV), so close can find them all
+    # RLIMIT_NPROC of an isolated slot's processes, where it has no cgroup of its own: the
+    # kernel counts it per uid (hence a uid no other container on the host uses), and the
+    # user namespace bubblewrap makes caps it at this for good (`prlimit` as root first).
+    nproc: int | None = None
 
     @property
     def dir(self) -> str:
@@ -107,7 +111,9 @@ class SlotLayout:
         args = [shell, "--noprofile", "--norc"] if shell == "bash" else [shell]
         if not self.isolated:
             return args
+        limit = ["prlimit", f"--nproc={self.nproc}:{self.nproc}", "--"] if self.nproc else []
         argv = [
+            *limit,
             "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
             "--no-new-privs", "--",
             "bwrap", "--unshare-user", "--uid", "0", "--gid", "0",
@@ -175,6 +181,8 @@ def probe_script(layout: SlotLayout | None, *, network: bool, hide: list[str]) -
             'bubblewrap)" >&2; exit 3; }',
             'command -v setpriv >/dev/null 2>&1 || { echo "the image has no setpriv (install '
             'util-linux)" >&2; exit 3; }',
+            'command -v prlimit >/dev/null 2>&1 || { echo "the image has no prlimit (install '
+            'util-linux)" >&2; exit 3; }',
             f"( {layout.prelude()}exec {run} ); rc=$?",
             f"rm -rf -- {shlex.quote(layout.dir)}",
             "exit $rc",
@@ -195,3 +203,18 @@ def container_path(layout: SlotLayout, path: str, hide: list[str]) -> str | None
         if path == covered or path.startswith(covered + "/"):
             return None
     return path
+
+
+# Print how many tasks (threads included, as RLIMIT_NPROC counts them) run as uid $1; no
+# fork per task. Run as root in the container.
+COUNT_UID_SCRIPT = r"""
+n=0
+for s in /proc/[0-9]*/task/[0-9]*/status; do
+  while read -r key value _; do
+    [ "$key" = Uid: ] || continue
+    [ "$value" = "$1" ] && n=$((n + 1))
+    break
+  done 2>/dev/null < "$s"
+done
+echo "$n"
+"""

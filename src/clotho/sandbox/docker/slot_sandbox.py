@@ -39,7 +39,12 @@ from clotho.sandbox.docker.archive import (
 from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.docker.fresh import STOP_UID, fresh_exec, run_exec
 from clotho.sandbox.docker.limits import LimitWatch, SlotCgroup
-from clotho.sandbox.docker.slot_layout import REAP_SCRIPT, SlotLayout, container_path
+from clotho.sandbox.docker.slot_layout import (
+    COUNT_UID_SCRIPT,
+    REAP_SCRIPT,
+    SlotLayout,
+    container_path,
+)
 from clotho.sandbox.transfer import BIG_FILE, IS_DIR_EXIT, NOT_FOUND_EXIT, read_host_file
 
 # Exit codes of the read check: the path is not a regular file; it is over the size cap.
@@ -155,9 +160,36 @@ class SlotSandbox(DockerSandbox):
             result = await super()._limited(run)
         except Exception:
             self._raise_if_slot_hit()  # the shell died of it: the slot's limit says why
+            await self._raise_if_at_nproc()
             raise
         self._raise_if_slot_hit()
+        nproc = self.layout.nproc if self.cgroup is None else None
+        if nproc:
+            # Counted only when it may be so: the container holds as many tasks as the
+            # slot's limit (a file read), or, where that cannot be read, the command failed.
+            now = self.limits.pids_current()
+            if (now is not None and now >= nproc - max(2, nproc // 16)) or (
+                now is None and (result.exit_code != 0 or result.timed_out)
+            ):
+                await self._raise_if_at_nproc()
         return result
+
+    async def _raise_if_at_nproc(self) -> None:
+        """Without a cgroup, an isolated slot's processes are limited by RLIMIT_NPROC, which
+        counts no refusals: the slot's uid running (within a few tasks of) as many tasks as
+        its limit, as a fork bomb holds them while its forks retry, ends the slot as
+        `limit`. A workload that close to its limit is refused forks already."""
+        nproc = self.layout.nproc
+        if self.cgroup is not None or not nproc or not self.layout.isolated:
+            return
+        near = nproc - max(2, nproc // 16)
+        code, output = await run_exec(
+            self.container, ["sh", "-c", COUNT_UID_SCRIPT, "count", str(self.layout.uid)]
+        )
+        tasks = output.strip().splitlines()[-1:] if code == 0 else []
+        if tasks and tasks[0].isdigit() and int(tasks[0]) >= near:
+            self._slot_hit = f"the sandbox hit its process limit ({nproc}): its forks were refused"
+            raise LimitExceeded(self._slot_hit)
 
     async def _stop_cgroup(self) -> None:
         """Kill everything in the slot's cgroup (forks refused first): nothing a process

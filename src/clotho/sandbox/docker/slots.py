@@ -10,8 +10,12 @@ each slot also gets its own memory and pids cgroups under its container's (`Slot
 a share of the container's pids limit (a fork bomb starves only its own slot), exact OOM
 and refused-fork counters (its failure is `limit` whatever its exit code hid), and a kill
 that no change of uid, session or environment escapes. Elsewhere (a remote daemon, cgroup
-v2, no right to write there) slots share their container's limits and counters, which
-count against a slot only when its own command died of SIGKILL. Closing a slot kills all
+v2, no right to write there) an isolated slot's processes get that share as RLIMIT_NPROC
+(per uid, so each container's slots use a random block of uids; bubblewrap's user
+namespace makes it final), and a slot whose uid runs about that many tasks ends as
+`limit`; memory and OOM counters stay the container's, counted against a slot only when
+its own command died of SIGKILL (or its shell died), and slots without isolation share
+everything. Closing a slot kills all
 its processes (its cgroup's, by its uid when isolated, and by the token in every process's
 environment) and wipes its folder; a freed slot number is used
 again for a fresh slot; the container goes when its last slot closes. A container takes new
@@ -149,6 +153,10 @@ class _SharedContainer:
     bash: bool = True
     gone: bool = False  # removed from its group: takes no new slots
     limits: LimitWatch | None = None  # the container's cgroup counters and disk watch
+    cgroups: bool = False  # its slots get cgroups of their own (`SlotCgroup`)
+    # Slot k runs as uid_base + k: a block of uids no other container is likely to use, as
+    # RLIMIT_NPROC (the limit of slots without cgroups) counts per uid, host-wide.
+    uid_base: int = field(default_factory=lambda: SLOT_UID_BASE + secrets.randbelow(1 << 20) * 256)
 
     def accepts(self) -> bool:
         young = time.monotonic() - self.created < self.lease_s / 2
@@ -178,8 +186,13 @@ class SlotHost:
         *,
         facts: Callable[[str], Awaitable[ImageFacts]] | None = None,
         owns_client: bool = False,
+        slot_cgroups: bool = True,
     ) -> None:
+        """`slot_cgroups=False`: never make slots cgroups of their own, as on a host that
+        does not allow them (a remote daemon, cgroup v2): isolated slots then get a
+        RLIMIT_NPROC share instead."""
         self.docker = docker
+        self._slot_cgroups = slot_cgroups
         self._owns_client = owns_client
         self._facts = facts or ImageFactsCache(docker).get
         self._boxes: dict[str, list[_SharedContainer]] = defaultdict(list)
@@ -213,12 +226,15 @@ class SlotHost:
         try:
             assert box.task is not None
             await asyncio.shield(box.task)
+            isolated = box.isolation == "bwrap"
+            share = slot_pids(config.pids_limit, config.slots_per_container)
             layout = SlotLayout(
                 name=str(index),
-                uid=SLOT_UID_BASE + index,
+                uid=box.uid_base + index,
                 workdir=config.workdir,
-                isolated=box.isolation == "bwrap",
+                isolated=isolated,
                 token=f"{box.container.id[:12]}-{index}-{secrets.token_hex(6)}",
+                nproc=share if isolated and not box.cgroups else None,
             )
             return await self._open_slot(box, index, layout, labels)
         except BaseException:
@@ -272,7 +288,7 @@ class SlotHost:
     ) -> SlotCgroup | None:
         """The slot's own cgroups with its idle shell moved in (see `SlotCgroup`), or None
         where they cannot be made (a remote daemon, cgroup v2, no right to write them)."""
-        if box.limits is None or root is None:
+        if box.limits is None or root is None or not box.cgroups:
             return None
         share = slot_pids(box.config.pids_limit, box.config.slots_per_container)
         name = f"clotho-slot-{layout.token}"
@@ -422,6 +438,13 @@ class SlotHost:
         )
         box.limits.culprit = lambda: _biggest_slot(container)
         await box.limits.start()
+        box.cgroups = self._slot_cgroups and box.limits.slot_cgroups_possible()
+        if not box.cgroups:
+            log.info(
+                "slots of container %s share its cgroup: %s", container.id[:12],
+                "isolated slots get a process limit (RLIMIT_NPROC) each"
+                if isolation == "bwrap" else "no per-slot limits without isolation",
+            )  # fmt: skip
 
     async def _delete(self, box: _SharedContainer) -> None:
         if box.limits is not None:
