@@ -62,6 +62,7 @@ from clotho.sandbox.docker.fifo import DockerFifoChannel, main_shell_command, ma
 from clotho.sandbox.docker.fresh import STOP_CONTAINER, fresh_exec, in_container
 from clotho.sandbox.docker.images import ensure_context_image, ensure_image, image_exists
 from clotho.sandbox.docker.limits import LimitWatch
+from clotho.sandbox.docker.quota import confine
 from clotho.sandbox.docker.rootfs import host_digests
 from clotho.sandbox.docker.twin import (
     HOLD_CONTAINER,
@@ -339,6 +340,7 @@ class DockerSandbox(ShellBackedSandbox):
         except DockerError as exc:
             raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
         try:
+            await confine(container, config.storage_mb or DEFAULT_DOCKER_STORAGE_MB)  # quota.py
             await container.start()
         except BaseException as exc:
             await delete_container(container)
@@ -369,6 +371,7 @@ class DockerSandbox(ShellBackedSandbox):
             container, io_dir, env=env, workdir=config.workdir, main_process=True
         )
         try:
+            await confine(container, config.storage_mb or DEFAULT_DOCKER_STORAGE_MB)  # quota.py
             await channel.open()
             shell = PersistentShell(
                 channel=channel,
