@@ -8,13 +8,17 @@ fails the tests instead.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 from tests.docker_probe import fail_without_docker_in_ci, requires_docker
 from tests.support import PATIENCE_S
 
 from clotho.errors import LimitExceeded
-from clotho.sandbox import open_sandbox
+from clotho.sandbox import open_sandbox, quota
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.docker.slots import SlotHost
@@ -65,16 +69,57 @@ async def test_a_fork_bomb_is_contained() -> None:
 async def test_disk_past_the_limit_is_a_limit_failure() -> None:
     config = DockerSandboxConfig(storage_mb=40, storage_check_s=0.3)
     async with await open_sandbox(config) as sb:
+        assert isinstance(sb, DockerSandbox)
+        assert sb.limits.disk is not None  # the kernel holds it (docker/quota.py)
         assert (await sb.exec("head -c 10000000 /dev/urandom > /tmp/small")).exit_code == 0
-        # Past the quota while the command runs: the container is killed mid-way.
+        # Past the quota: the writes are refused, and the command that met it is the limit.
         with pytest.raises(LimitExceeded, match="disk"):
             await sb.exec(
-                "for i in $(seq 40); do head -c 10000000 /dev/urandom > /tmp/f$i; sleep 0.1; done",
+                "for i in $(seq 40); do head -c 10000000 /dev/urandom > /tmp/f$i; done",
                 timeout=60,
             )
-        assert isinstance(sb, DockerSandbox)
         with pytest.raises(LimitExceeded):  # verification learns why, not "infra"
             await sb.stop_agent()
+
+
+def image_blocks(layer: Path) -> int:
+    """Bytes the container's disk image takes on the host: it lies in the layer folder,
+    under the mount it backs, so a bind of the parent without its submounts shows it."""
+    view = Path(tempfile.mkdtemp(prefix="clotho-under-"))
+    subprocess.run(["mount", "--bind", str(layer.parent), str(view)], check=True)
+    try:
+        return (view / layer.name / quota.IMAGE_NAME).stat().st_blocks * 512
+    finally:
+        subprocess.run(["umount", str(view)], check=True)
+        view.rmdir()
+
+
+@pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable()))
+async def test_fallocate_past_the_quota_is_refused_and_the_host_gives_no_more() -> None:
+    """Six 400 MB `fallocate`s against 500 MB: the second is refused in the container, the
+    command is a limit, and the host disk holds no more than the layer's image."""
+    async with await open_sandbox(DockerSandboxConfig(storage_mb=500)) as sb:
+        assert isinstance(sb, DockerSandbox) and sb.limits.disk is not None
+        fill = "for i in 1 2 3 4 5 6; do fallocate -l 400M /f$i; echo $? >> /rc; done"
+        with pytest.raises(LimitExceeded, match="filled its disk limit of 500 MB"):
+            await sb.exec(fill, timeout=120)
+        layer = sb.limits.disk.path
+        assert (layer / "diff" / "rc").read_text().split() == ["0", "1", "1", "1", "1", "1"]
+        size = quota.image_bytes(500 << 20, quota.inodes_for(500 << 20))
+        assert image_blocks(layer) <= size
+
+
+@pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable()))
+async def test_empty_files_past_the_inode_limit_are_a_limit_failure() -> None:
+    """200,000 empty files against 500 MB (32,000 inodes): refused, and a limit."""
+    async with await open_sandbox(DockerSandboxConfig(storage_mb=500)) as sb:
+        assert isinstance(sb, DockerSandbox) and sb.limits.disk is not None
+        assert sb.limits.disk.inodes == 32000
+        make = "mkdir /many && cd /many && seq -f e%g 200000 | xargs touch 2>/dev/null; ls | wc -l"
+        with pytest.raises(LimitExceeded, match="inode limit of 32000 files"):
+            await sb.exec(make, timeout=300)
+        made = len(os.listdir(sb.limits.disk.path / "diff" / "many"))
+        assert 31000 < made <= 32000
 
 
 async def test_a_slots_memory_failure_is_its_own(slot_host: SlotHost) -> None:
