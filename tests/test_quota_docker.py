@@ -8,6 +8,7 @@ Skipped with the reason shown when no Docker daemon answers; in CI its absence f
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator
@@ -163,3 +164,21 @@ async def test_without_loop_devices_the_reason_is_said_once(
         "containers' disk limit is watched, not enforced, and inodes are not limited: "
         "no loop devices (test double)"
     ]
+
+
+async def test_a_daemon_in_another_mount_namespace_is_not_confined(tmp_path: Path) -> None:
+    """Its overlay would be mounted over the folder beneath ours, holding nothing: watched."""
+    other = await asyncio.create_subprocess_exec("unshare", "--mount", "sleep", "300")
+    try:
+        pid_file = tmp_path / "docker.pid"
+        assert await wait_until(
+            lambda: os.readlink(f"/proc/{other.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        )
+        pid_file.write_text(f"{other.pid}\n")
+        assert not docker_quota._daemon_sees_our_mounts(pid_file)
+        pid_file.write_text(f"{os.getpid()}\n")
+        assert docker_quota._daemon_sees_our_mounts(pid_file)
+        assert docker_quota._daemon_sees_our_mounts(tmp_path / "absent.pid")  # cannot tell
+    finally:
+        other.kill()
+        await other.wait()

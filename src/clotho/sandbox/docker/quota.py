@@ -39,6 +39,17 @@ def _report(reason: str) -> None:
         )
 
 
+def _daemon_sees_our_mounts(pid_file: Path = Path("/var/run/docker.pid")) -> bool:
+    """False when the daemon runs in another mount namespace (it would mount the overlay
+    over the folder under our file system, and the limit would hold nothing); True when it
+    shares ours or cannot be told."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        return os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
+    except (OSError, ValueError):
+        return True
+
+
 def layer_dir(info: dict[str, Any]) -> tuple[Path | None, str | None]:
     """The folder of a container's writable layer on this host (from `docker inspect`), or
     None and why not."""
@@ -62,6 +73,8 @@ async def confine(container: Any, storage_mb: int) -> quota.Disk | None:
     layer: Path | None = None
     if reason is None:
         layer, reason = layer_dir(await container.show())
+    if layer is not None and not await asyncio.to_thread(_daemon_sees_our_mounts):
+        layer, reason = None, "the daemon runs in another mount namespace"
     if layer is None:
         _report(reason or "unknown")
         return None
