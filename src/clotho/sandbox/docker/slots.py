@@ -296,7 +296,7 @@ class SlotHost:
         if cgroup is None:
             return None
         try:
-            await asyncio.to_thread(cgroup.adopt, [root, *proctree.descendants(root)])
+            await asyncio.to_thread(lambda: cgroup.adopt([root, *proctree.descendants(root)]))
         except BaseException:
             await asyncio.to_thread(cgroup.kill_all)
             await asyncio.to_thread(cgroup.remove)
