@@ -307,13 +307,13 @@ async def test_turn_limit_refuses_the_next_call_without_forwarding(
     messages = [{"role": "user", "content": "go"}]
     for _ in range(2):
         await sdk.chat.completions.create(model="m", messages=messages)
-    with pytest.raises(openai.PermissionDeniedError, match=r"model-call limit \(2 calls\)"):
+    with pytest.raises(openai.AuthenticationError, match=r"model-call limit \(2 calls\)"):
         await sdk.chat.completions.create(model="m", messages=messages)
     assert len(scripted.requests) == 2
     record = trial.record
     assert (record.turns, record.limit) == (2, "turns")
     refused = record.exchanges[-1]
-    assert refused.status == 403 and refused.error is not None
+    assert refused.status == 401 and refused.error is not None
     assert (refused.error.kind, refused.error.limit) == ("limit", "turns")
     assert refused.forwarded is None
     limit = trial.agent_limit()
@@ -330,7 +330,7 @@ async def test_token_budget_counts_usage_and_refuses_past_it(
         first = await http.post("/v1/messages", json=body, headers={"x-api-key": trial.token})
         assert first.status_code == 200
         second = await http.post("/v1/messages", json=body, headers={"x-api-key": trial.token})
-    assert second.status_code == 403
+    assert second.status_code == 401
     assert second.json()["type"] == "error"
     assert "token budget (50 tokens)" in second.json()["error"]["message"]
     assert len(scripted.requests) == 1
@@ -352,9 +352,9 @@ async def test_wall_clock_cuts_a_call_in_flight_and_refuses_later_ones(
     sdk = _sdk(listener, trial)
     messages = [{"role": "user", "content": "slow"}]
     try:
-        with pytest.raises(openai.PermissionDeniedError, match="time limit"):
+        with pytest.raises(openai.AuthenticationError, match="time limit"):
             await sdk.chat.completions.create(model="m", messages=messages)
-        with pytest.raises(openai.PermissionDeniedError, match="time limit"):
+        with pytest.raises(openai.AuthenticationError, match="time limit"):
             await sdk.chat.completions.create(model="m", messages=messages)
     finally:
         released.set()

@@ -111,7 +111,7 @@ async def test_local_sandbox_reaches_the_model_only_through_the_gateway(
     # loopback (where the model server listens) included.
     status, text = await _call(bwrap_sandbox, trial, link.base_url, "/v1/chat/completions",
                                _chat("one more"))  # fmt: skip
-    assert status == 403 and "model-call limit" in text
+    assert status == 401 and "model-call limit" in text
     around = await bwrap_sandbox.exec(
         f"python3 -c {shlex.quote(CLIENT)} {scripted.base_url} /chat/completions '{{}}'",
         env={"TOKEN": trial.token},

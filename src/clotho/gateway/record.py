@@ -22,8 +22,8 @@ LimitName = Literal["turns", "tokens", "wall_clock", "context"]
 
 
 class GatewayLimits(BaseModel):
-    """A trial's model budget, enforced by the gateway: a call past it is refused (HTTP 403,
-    a message naming the limit), never forwarded."""
+    """A trial's model budget, enforced by the gateway: a call past it is refused (HTTP 401:
+    the token is spent; a message naming the limit), never forwarded."""
 
     max_turns: int | None = Field(None, gt=0, description="model calls the agent may make")
     max_tokens: int | None = Field(

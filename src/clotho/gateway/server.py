@@ -5,8 +5,8 @@ It speaks OpenAI Chat Completions (`/v1/chat/completions`) and Anthropic Message
 model through its `ModelSession` (a chat endpoint, a token API or the embedded model: the same
 session clotho's own agent uses). Each trial gets a `GatewayTrial`: a bearer token of its own
 (the real provider key stays in the host's `ModelConfig`, never in the sandbox), its budget
-(`GatewayLimits`: turns, tokens, wall clock; a call past it is refused with a 403 that names
-the limit), its usage count and its `GatewayRecord`.
+(`GatewayLimits`: turns, tokens, wall clock; a call past it is refused with a 401 whose
+message names the limit), its usage count and its `GatewayRecord`.
 
 Listeners are uvicorn servers on the running event loop (Starlette + uvicorn, the `api`
 extra): a unix socket per sandbox (`channel.py` puts it where the sandbox can reach it), or
@@ -40,6 +40,10 @@ from clotho.gateway.record import (
 )
 
 TOKEN_PREFIX = "clotho-gw-"
+# A call past the trial's budget: 401, the one status every client takes as final (the token
+# is spent). With 403 or 429, litellm (mini-swe-agent) and the SDKs retry with backoff for
+# minutes; the message says which limit, and the record keeps it.
+LIMIT_STATUS = 401
 _LIMIT_TEXT = {
     "turns": "the trial's model-call limit ({} calls) is used up",
     "tokens": "the trial's token budget ({} tokens) is used up",
@@ -372,7 +376,7 @@ class Gateway:
         if limit is not None:
             trial._hit(limit)
             failure = ExchangeError(kind="limit", message=trial.limit_message(limit), limit=limit)
-            return refuse(403, failure, "permission_error")
+            return refuse(LIMIT_STATUS, failure, "clotho_limit_reached")
         try:
             read = wire.read_anthropic if api == "anthropic-messages" else wire.read_openai
             messages, tools = read(body)
@@ -395,7 +399,7 @@ class Gateway:
             failure = ExchangeError(
                 kind="limit", message=trial.limit_message("wall_clock"), limit="wall_clock"
             )
-            return refuse(403, failure, "permission_error")
+            return refuse(LIMIT_STATUS, failure, "clotho_limit_reached")
         except AgentLimit as exc:  # the context is full (token APIs)
             trial._hit("context")
             message = f"{trial.limit_message('context')}: {exc}"
