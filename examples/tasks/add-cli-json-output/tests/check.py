@@ -39,7 +39,7 @@ with open(os.path.join(tmp, "data", "stock.csv"), "w", encoding="utf-8") as fh:
 
 def run(*args):
     return subprocess.run([sys.executable, "-B", "-m", "inventory", "report", *args],
-                          cwd=tmp, capture_output=True, text=True, timeout=15)
+                          cwd=tmp, capture_output=True, text=True, timeout=60)
 
 
 def run_json(*args):
