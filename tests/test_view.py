@@ -108,7 +108,8 @@ def test_discover_finds_runs_in_a_folder_and_group_files(tmp_path: Path) -> None
 def client(tmp_path: Path) -> TestClient:
     write_run(tmp_path / "runs" / "a", 12, attempts=2)
     write_groups(tmp_path / "runs" / "groups.jsonl", 3)
-    return TestClient(create_app(discover([tmp_path / "runs"])))
+    # the app answers its own address only (tests/test_view_guard.py): the client names it
+    return TestClient(create_app(discover([tmp_path / "runs"])), base_url="http://127.0.0.1")
 
 
 def test_endpoints(client: TestClient) -> None:

@@ -15,14 +15,17 @@ import subprocess
 import sys
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.real_tokenizers import QWEN_DIR
 from tests.support import port_open, wait_for_value, wait_until_sync
+from tests.test_view_guard import HOSTILE, TOKEN, hostile_run
 
 from clotho.view.browser import chromium, find_chromium
+from clotho.view.export import export_html
 from clotho.view.sample import append_trials, write_groups, write_run
 
 pytestmark = pytest.mark.skipif(
@@ -33,6 +36,7 @@ pytestmark = pytest.mark.skipif(
 PASS_GREEN = (0x1A, 0x7F, 0x37)
 TRAINED = (0xFF, 0xE9, 0xA8)
 PHASE_AGENT = (0x24, 0x57, 0xC5)
+DASH = "\u2013"  # what the page shows for a number it does not have
 
 
 def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
@@ -99,25 +103,32 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def server(runs: Path) -> Iterator[str]:
-    """`clotho view` as a user starts it: a free port, printed."""
+@contextmanager
+def view_server(*args: str) -> Iterator[str]:
+    """`clotho view ARGS` as a user starts it: a free port, printed; its URL."""
+    environ = {k: v for k, v in os.environ.items() if k != "CLOTHO_VIEW_TOKEN"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "clotho.cli.main", "view", str(runs), "--tokenizer", str(QWEN_DIR)],
+        [sys.executable, "-m", "clotho.cli.main", "view", *args],
         stderr=subprocess.PIPE,
         text=True,
+        env=environ,
     )
     try:
         line = proc.stderr.readline() if proc.stderr else ""
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         assert match, f"no address printed: {line!r}"
-        # The address is printed just before uvicorn binds: wait until it listens.
         port = int(match.group(1))
         assert wait_until_sync(lambda: port_open(port)), "clotho view never listened"
         yield match.group(0)
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server(runs: Path) -> Iterator[str]:
+    with view_server(str(runs), "--tokenizer", str(QWEN_DIR)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -319,3 +330,64 @@ def test_the_export_works_from_a_file(browser: Any, runs: Path, tmp_path: Path) 
     assert resources == []  # nothing fetched: the file holds everything
     logs = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert not logs, logs
+
+
+def assert_inert(d: Any, where: str) -> None:
+    """No markup from the files became an element, and none of it ran."""
+    assert d.execute_script("return window.__pwned") is None, where
+    assert not css(d, 'img[src="x"]'), where
+
+
+def walk_hostile(d: Any, base: str) -> None:
+    """Every view of the hostile run and group file, each checked for injected markup."""
+    d.get(base)
+    wait(lambda: css(d, "#runs tr.run-row"))
+    assert_inert(d, "runs")
+    d.get(base + "#/run/0")
+    wait(lambda: len(css(d, "#trials tr.trial-row")) == 2)
+    # markup where a number belongs is shown as text, or as a dash, never as an element
+    assert HOSTILE in d.find_element("id", "run-summary").text  # the config's concurrency
+    cells = css(d, "#trials tr.trial-row")[0].find_elements("tag name", "td")
+    assert [cells[i].text for i in (2, 3, 6, 7, 8)] == [DASH] * 5
+    assert_inert(d, "run")
+    for n in (0, 1):  # the raw record (not a valid trial), the hostile detail file
+        d.get(base + f"#/run/0/trial/{n}")
+        on_screen(d, "#trial-header")
+        assert_inert(d, f"trial {n}")
+    assert f"exit code {DASH}" in d.find_element("id", "verifier").text
+    d.get(base + "#/groups/1")
+    wait(lambda: css(d, "#groups tr.group-row"))
+    d.get(base + "#/groups/1/group/0")
+    wait(lambda: css(d, ".rollouts .rollout"))
+    assert_inert(d, "group")
+    # a link whose route carries markup: the crumbs it lands in keep it text
+    d.get(base + "#/groups/1%3F%22%3E%3Cimg%20src%3Dx%20onerror%3D__pwned%3D1%3E/group/0")
+    wait(lambda: css(d, "#app p.error") or css(d, ".rollouts"))
+    assert_inert(d, "a crafted route")
+
+
+def test_markup_in_any_field_stays_text_served_and_exported(browser: Any, tmp_path: Path) -> None:
+    """Numbers included: `turns`, `attempt`, a verifier's exit code, a config's concurrency.
+    The export has no Content-Security-Policy to fall back on: escaping alone keeps it inert."""
+    root = hostile_run(tmp_path / "runs")
+    with view_server(str(root)) as url:
+        walk_hostile(browser, url)
+    out = tmp_path / "report.html"
+    export_html([root], out)
+    walk_hostile(browser, out.as_uri())
+
+
+def test_a_browser_reads_a_viewer_with_a_token(browser: Any, runs: Path, tmp_path: Path) -> None:
+    """The token as HTTP Basic credentials: the page and every request it makes carry it."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    with view_server(str(runs), "--token-file", str(token_file)) as url:
+        d = browser
+        d.get(url)
+        assert not css(d, "#runs tr.run-row")  # refused: 401 without the token
+        d.get(url.replace("http://", f"http://anyone:{TOKEN}@"))
+        rows = wait(lambda: css(d, "#runs tr.run-row"))
+        assert len(rows) == 2
+        css(d, "#runs tr.run-row a")[0].click()
+        wait(lambda: len(css(d, "#trials tr.trial-row")) == 100)

@@ -8,7 +8,8 @@ GET /api/run/{id}/trial/{n}             a trial's detail, read on demand
 GET /api/groups/{id}                    a group file's summary and one row per group
 GET /api/groups/{id}/group/{n}          one group: its rollouts, tokens, masks, logprobs
 
-Files are read in a thread so a big results.jsonl never stalls the server's loop.
+Files are read in a thread so a big results.jsonl never stalls the server's loop. Every
+request passes `guard.ViewGuard` first: its Host, its origin, and the token if there is one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from importlib import resources
 from typing import Any
 
 from clotho.errors import ConfigError
+from clotho.view.guard import HostCheck, ViewGuard
 from clotho.view.sources import GroupsSource, RunSource, Source, pieces_for
 
 STATIC = resources.files("clotho.view") / "static"
@@ -63,8 +65,11 @@ def page(data: str | None, *, inline: bool, noscript: str = "") -> str:
     return html.replace("{{DATA}}", data if data is not None else "null")
 
 
-def create_app(sources: list[Source]) -> Any:
-    """The Starlette app over these sources."""
+def create_app(
+    sources: list[Source], *, hosts: HostCheck | None = None, token: str | None = None
+) -> Any:
+    """The app over these sources, answering the hosts `hosts` allows (default: loopback
+    names only) and, with `token`, only requests that carry it."""
     _starlette()
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -162,7 +167,7 @@ def create_app(sources: list[Source]) -> Any:
         yield
         warming.cancel()
 
-    return Starlette(
+    app = Starlette(
         lifespan=lifespan,
         routes=[
             Route("/", index),
@@ -175,3 +180,4 @@ def create_app(sources: list[Source]) -> Any:
             Route("/api/groups/{id}/group/{n:int}", group),
         ],
     )
+    return ViewGuard(app, hosts or HostCheck.loopback(), token)

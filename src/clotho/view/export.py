@@ -25,8 +25,8 @@ def snapshot(sources: list[Source], *, details: bool = True) -> dict[str, Any]:
             base = f"/api/run/{source.id}"
             routes[base] = source.overview()
             routes[base + "/trials"] = source.trials()
-            if details:
-                for i in range(len(source.records)):
+            if details:  # by line, as the table numbers them (a line may be no valid record)
+                for i in range(len(source.lines)):
                     routes[f"{base}/trial/{i}"] = source.detail(i)
         elif isinstance(source, GroupsSource):
             base = f"/api/groups/{source.id}"
@@ -51,17 +51,19 @@ def _plain(sources: list[Source]) -> str:
                     if planned
                     else " (stopped)"
                 )
-            out.append(
-                f"<li>run {html.escape(s.path.name)}{stopped}: pass rate {rate}, "
-                f"{m['n_passed']}/{m['n_scored']} passed, {m['n']} attempts</li>"
+            line = (
+                f"run {s.path.name}{stopped}: pass rate {rate}, "
+                f"{m['n_passed']}/{m['n_scored']} passed, {m['n']} attempts"
             )
+            out.append(f"<li>{html.escape(line)}</li>")  # every field escaped, numbers too
         elif isinstance(s, GroupsSource):
             out.append(f"<li>groups {html.escape(s.path.name)}<ul>")
             for row in s.group_rows():
                 scores = ", ".join(
                     f"rollout {j} score {score:g}" for j, score in enumerate(row["scores"])
                 )
-                out.append(f"<li>group {row['i']}: {html.escape(scores)}</li>")
+                group = f"group {row['i']}: {scores}"
+                out.append(f"<li>{html.escape(group)}</li>")
             out.append("</ul></li>")
     return "".join(out) + "</ul>"
 

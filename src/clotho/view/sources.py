@@ -91,6 +91,14 @@ COLUMNS = (
 """A table row's fields, in the order rows are sent (arrays, not objects: half the bytes)."""
 
 
+def _number(value: Any) -> int | float | None:
+    """`value` if it is a finite number, else None: a results file is data anyone may have
+    written, and the page shows a number field as a number or not at all."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
 def _row(index: int, r: dict[str, Any]) -> list[Any] | None:
     """A table row (what the run view sorts and filters on) from a results.jsonl line's
     JSON; None when the line is no trial record."""
@@ -99,21 +107,22 @@ def _row(index: int, r: dict[str, Any]) -> list[Any] | None:
         return None
     error = r.get("error") if isinstance(r.get("error"), dict) else None
     kind = error.get("kind") if error else None
+    kind = kind if isinstance(kind, str) else None
     message = error.get("message") if error else None
     return [
         index,
         task,
         category,
-        r.get("attempt", 0),
-        r.get("reward"),
-        bool(r.get("passed")),
+        _number(r.get("attempt", 0)),
+        _number(r.get("reward")),
+        r.get("passed") is True,
         kind not in UNSCORED_KINDS,
         kind,
         message[:MESSAGE_CUT] if isinstance(message, str) else None,
-        r.get("turns", 0),
-        r.get("tool_calls", 0),
-        r.get("tool_errors", 0),
-        r.get("duration_s", 0.0),
+        _number(r.get("turns", 0)),
+        _number(r.get("tool_calls", 0)),
+        _number(r.get("tool_errors", 0)),
+        _number(r.get("duration_s", 0.0)),
     ]
 
 
@@ -155,12 +164,19 @@ def pieces_for(path: str | Path | None) -> Pieces | None:
         return _PIECES[key]
 
 
+def _token_ids(ids: Any) -> bool:
+    """Whether `ids` is a list of token ids (a file may hold anything there)."""
+    return isinstance(ids, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+    )
+
+
 def add_pieces(sequences: list[dict[str, Any]], pieces: Pieces | None) -> None:
     if pieces is None:
         return
     for seq in sequences:
-        ids = seq.get("tokens") or []
-        if ids and "pieces" not in seq:
+        ids = seq.get("tokens") if isinstance(seq, dict) else None
+        if ids and _token_ids(ids) and "pieces" not in seq:
             seq["pieces"] = pieces(ids)
 
 
@@ -337,9 +353,9 @@ class RunSource:
         config = self.config()
         metrics = self.metrics()
         model = config.get("model") or {}
-        ends = [d.get("finished_at") or 0.0 for d in self.lines]
+        ends = [_number(d.get("finished_at")) or 0.0 for d in self.lines]
         starts = [
-            end - (d.get("duration_s") or 0.0)
+            end - (_number(d.get("duration_s")) or 0.0)
             for end, d in zip(ends, self.lines, strict=True)
             if end
         ]
@@ -364,11 +380,12 @@ class RunSource:
             "n_tasks": metrics.n_tasks,
             "errors": metrics.errors,
             "mean_reward_n": metrics.mean_reward_n,
-            "wall_s": (done or {}).get("duration_s") or (max(ends) - min(starts) if ends else None),
+            "wall_s": _number((done or {}).get("duration_s"))
+            or (max(ends) - min(starts) if ends else None),
             "finished": status == "finished",
             "status": status,
-            "n_planned": (done or {}).get("n_planned"),
-            "n_finished": (done or {}).get("n_finished"),
+            "n_planned": _number((done or {}).get("n_planned")),
+            "n_finished": _number((done or {}).get("n_finished")),
             "version": self.version,
         }
 
@@ -409,9 +426,11 @@ class RunSource:
                 data["record"] = out["record"]  # the line is what was finally recorded
                 out = data
         out["run"] = self.path.name
-        add_tool_texts((out.get("agent_result") or {}).get("messages"))
-        sequences = (out.get("agent_result") or {}).get("sequences") or []
-        if sequences:
+        result = out.get("agent_result")
+        result = result if isinstance(result, dict) else {}
+        add_tool_texts(result.get("messages"))
+        sequences = result.get("sequences") or []
+        if isinstance(sequences, list) and sequences:
             add_pieces(sequences, pieces_for(self.tokenizer_path()))
         return out
 
@@ -463,7 +482,7 @@ class GroupsSource:
                     group = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(group, dict) and isinstance(group.get("scores"), list):
+                if _is_group(group):
                     self.groups.append(group)
 
     def summary(self) -> dict[str, Any]:
@@ -494,19 +513,34 @@ class GroupsSource:
             add_tool_texts(messages)
         pieces = pieces_for(self.tokenizer)
         if pieces is not None:
-            group["pieces"] = [pieces(ids) for ids in group.get("tokens") or []]
+            group["pieces"] = [
+                pieces(ids) if _token_ids(ids) else None for ids in _lists(group.get("tokens"))
+            ]
         return group
+
+
+def _is_group(group: Any) -> bool:
+    """A scored group as far as the page needs: a list of numeric scores."""
+    if not isinstance(group, dict) or not isinstance(group.get("scores"), list):
+        return False
+    return all(_number(score) is not None for score in group["scores"])
+
+
+def _lists(value: Any) -> list[list[Any]]:
+    """Per-rollout lists (tokens, masks), anything else as empty."""
+    if not isinstance(value, list):
+        return []
+    return [row if isinstance(row, list) else [] for row in value]
 
 
 def _group_row(index: int, group: dict[str, Any]) -> dict[str, Any]:
     scores = group["scores"]
-    masks = group.get("masks") or []
     return {
         "i": index,
         "scores": scores,
         "mean": sum(scores) / len(scores) if scores else None,
-        "tokens": [len(t) for t in group.get("tokens") or []],
-        "trained": [sum(1 for m in row if m != -100) for row in masks],
+        "tokens": [len(t) for t in _lists(group.get("tokens"))],
+        "trained": [sum(1 for m in row if m != -100) for row in _lists(group.get("masks"))],
     }
 
 

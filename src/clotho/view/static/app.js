@@ -22,7 +22,11 @@ async function api(path) {
     if (value === undefined) throw new Error("not in this report: " + path);
     return value;
   }
-  const response = await fetch(path.replace(/^\//, ""));
+  // Relative to the page, without the credentials a http://user:token@host/ address carries
+  // (fetch refuses such a URL; the browser sends the token it was given with every request).
+  const url = new URL(path.replace(/^\//, ""), location.href);
+  url.username = url.password = "";
+  const response = await fetch(url.href);
   if (!response.ok) throw new Error(path + ": HTTP " + response.status);
   return response.json();
 }
@@ -31,21 +35,30 @@ function esc(value) {
   return String(value ?? "").replace(/[&<>"']/g, (c) =>
     ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
-const pct = (x) => (x == null ? "–" : (100 * x).toFixed(1) + "%");
-const num = (x, d = 2) => (x == null ? "–" : Number(x).toFixed(d));
+// Every value read from a file is data: text goes through esc(), and a number field is shown
+// only if it is a number (a results file may hold markup where a count belongs).
+const isNum = (x) => typeof x === "number" && Number.isFinite(x);
+const count = (x) => (isNum(x) ? String(x) : "–");
+const list = (x) => (Array.isArray(x) ? x : []);
+const enc = encodeURIComponent;
+const pct = (x) => (isNum(x) ? (100 * x).toFixed(1) + "%" : "–");
+const num = (x, d = 2) => (isNum(x) ? x.toFixed(d) : "–");
 function secs(s) {
-  if (s == null) return "–";
+  if (!isNum(s)) return "–";
   if (s < 1) return (s * 1000).toFixed(0) + " ms";
   if (s < 120) return s.toFixed(1) + " s";
   if (s < 7200) return (s / 60).toFixed(1) + " min";
   return (s / 3600).toFixed(1) + " h";
 }
-const date = (t) => (t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 16) : "–");
-const ci = (c) => (c ? `[${pct(c[0])}, ${pct(c[1])}]` : "");
+function date(t) {
+  const d = isNum(t) && t ? new Date(t * 1000) : null;
+  return d && !isNaN(d) ? d.toISOString().replace("T", " ").slice(0, 16) : "–";
+}
+const ci = (c) => (Array.isArray(c) ? `[${pct(c[0])}, ${pct(c[1])}]` : "");
 function errorChips(errors) {
   const kinds = Object.entries(errors || {});
   if (!kinds.length) return '<span class="muted">none</span>';
-  return kinds.map(([k, n]) => `<span class="chip err-${esc(k)}">${esc(k)} ${n}</span>`).join(" ");
+  return kinds.map(([k, n]) => `<span class="chip err-${esc(k)}">${esc(k)} ${count(n)}</span>`).join(" ");
 }
 // How a run ended: still running, stopped before every planned attempt ran, or finished.
 function statusChip(r) {
@@ -64,7 +77,7 @@ function meanOver(r) {
 }
 function crumbs(parts) {
   $("#crumbs").innerHTML = parts
-    .map(([label, href]) => (href ? `<a href="${href}">${esc(label)}</a>` : `<span>${esc(label)}</span>`))
+    .map(([label, href]) => (href ? `<a href="${esc(href)}">${esc(label)}</a>` : `<span>${esc(label)}</span>`))
     .join(" / ");
 }
 function setLive(text) {
@@ -146,7 +159,7 @@ async function runsView() {
         <td><a href="#/run/${esc(r.id)}">${esc(r.name)}</a>${statusChip(r)}</td>
         <td>${date(r.date)}</td><td>${esc(r.agent || "")}${r.model ? " / " + esc(r.model) : ""}</td>
         <td class="num rate">${pct(r.pass_rate)}</td><td class="num">${ci(r.ci95)}</td>
-        <td class="num">${r.n_passed}/${r.n_scored} <span class="muted">(${r.n} attempts)</span></td>
+        <td class="num">${count(r.n_passed)}/${count(r.n_scored)} <span class="muted">(${count(r.n)} attempts)</span></td>
         <td>${errorChips(r.errors)}</td><td class="num">${secs(r.wall_s)}</td></tr>`;
     }
     html += `</tbody></table>
@@ -158,7 +171,7 @@ async function runsView() {
       <th>groups</th><th>rollouts</th><th>mean score</th><th>dropped</th></tr></thead><tbody>`;
     for (const g of groups) {
       html += `<tr><td><a href="#/groups/${esc(g.id)}">${esc(g.name)}</a></td>
-        <td class="num">${g.n_groups}</td><td class="num">${g.n}</td>
+        <td class="num">${count(g.n_groups)}</td><td class="num">${count(g.n)}</td>
         <td class="num">${num(g.mean_score, 3)}</td><td>${droppedText(g.stats)}</td></tr>`;
     }
     html += `</tbody></table>`;
@@ -171,14 +184,14 @@ async function runsView() {
       const fresh = await api("/api/runs");
       if (seq !== routeSeq) return;
       for (const r of fresh.filter((s) => s.kind === "run")) {
-        const tr = app.querySelector(`tr.run-row[data-id="${r.id}"]`);
+        const tr = app.querySelector(`tr.run-row[data-id="${CSS.escape(String(r.id))}"]`);
         if (!tr) continue;
         const cells = tr.children;
         cells[1].querySelectorAll(".live, .stopped").forEach((el) => el.remove());
         cells[1].insertAdjacentHTML("beforeend", statusChip(r));
         cells[4].innerHTML = pct(r.pass_rate);
         cells[5].innerHTML = ci(r.ci95);
-        cells[6].innerHTML = `${r.n_passed}/${r.n_scored} <span class="muted">(${r.n} attempts)</span>`;
+        cells[6].innerHTML = `${count(r.n_passed)}/${count(r.n_scored)} <span class="muted">(${count(r.n)} attempts)</span>`;
         cells[7].innerHTML = errorChips(r.errors);
         cells[8].innerHTML = secs(r.wall_s);
       }
@@ -205,8 +218,8 @@ async function loadRun(id) {
       sort: { key: "i", dir: 1 }, filter: { category: "", status: "", error: "", q: "" } };
   }
   const [overview, trials] = await Promise.all([
-    api(`/api/run/${id}`),
-    api(`/api/run/${id}/trials?since=${st.rows.length}&version=${st.version ?? ""}`),
+    api(`/api/run/${enc(id)}`),
+    api(`/api/run/${enc(id)}/trials?since=${st.rows.length}&version=${enc(st.version ?? "")}`),
   ]);
   st.overview = overview;
   mergeRows(st, trials);
@@ -239,10 +252,10 @@ async function runView(id, seq) {
   if (!EXPORT) {
     setLive(isRunning(s) ? "live: updating" : "");
     pollTimer = setInterval(polled(async () => {
-      const trials = await api(`/api/run/${id}/trials?since=${st.rows.length}&version=${st.version}`);
+      const trials = await api(`/api/run/${enc(id)}/trials?since=${st.rows.length}&version=${enc(st.version)}`);
       if (seq !== routeSeq || (!trials.rows.length && trials.version === st.version)) return;
       mergeRows(st, trials);
-      st.overview = await api(`/api/run/${id}`);
+      st.overview = await api(`/api/run/${enc(id)}`);
       if (seq !== routeSeq) return;
       renderRunHeader(st);
       renderFilters(id, st);
@@ -257,18 +270,18 @@ function renderRunHeader(st) {
   const s = st.overview.summary, m = st.overview.metrics, cfg = st.overview.config || {};
   $("#run-summary").innerHTML = `<div class="stats">
     <div class="stat"><b id="pass-rate">${pct(s.pass_rate)}</b><span>pass rate ${ci(s.ci95)}</span></div>
-    <div class="stat"><b>${s.n_passed}/${s.n_scored}</b><span>passed / scored</span></div>
-    <div class="stat"><b>${s.n_tasks}</b><span>tasks, ${s.n} attempts</span></div>
+    <div class="stat"><b>${count(s.n_passed)}/${count(s.n_scored)}</b><span>passed / scored</span></div>
+    <div class="stat"><b>${count(s.n_tasks)}</b><span>tasks, ${count(s.n)} attempts</span></div>
     <div class="stat" id="mean-reward"><b>${num(s.mean_reward, 3)}</b><span title="a scored failure (tamper, agent, limit, verifier) counts as 0, as it counts as a failure in the pass rate; infra, task and config errors are in neither">${esc(meanOver(s))}</span></div>
     <div class="stat"><b>${secs(s.wall_s)}</b><span>wall time</span></div>
     <div class="stat"><span>errors</span>${errorChips(s.errors)}</div></div>
     <p class="muted">${esc(s.agent || "")}${s.model ? " / " + esc(s.model) : ""} · ${esc(s.path)}
-    · ${date(s.date)}${cfg.concurrency ? " · concurrency " + cfg.concurrency : ""}</p>`;
+    · ${date(s.date)}${cfg.concurrency ? " · concurrency " + esc(cfg.concurrency) : ""}</p>`;
   let cats = `<h3>Per category</h3><table class="grid small"><thead><tr><th>category</th><th>pass rate</th><th>passed</th></tr></thead><tbody>`;
   for (const [name, c] of Object.entries(m.by_category || {})) {
     cats += `<tr><td>${esc(name)}</td><td class="num">${pct(c.pass_rate)}
-      <span class="bar"><i style="width:${(100 * (c.pass_rate || 0)).toFixed(1)}%"></i></span></td>
-      <td class="num">${c.n_passed}/${c.n}</td></tr>`;
+      <span class="bar"><i style="width:${(100 * (isNum(c.pass_rate) ? c.pass_rate : 0)).toFixed(1)}%"></i></span></td>
+      <td class="num">${count(c.n_passed)}/${count(c.n)}</td></tr>`;
   }
   $("#categories").innerHTML = cats + "</tbody></table>";
   const passk = Object.entries(m.pass_at_k || {});
@@ -353,10 +366,10 @@ function renderTable(id, st) {
   for (const r of shown) {
     const outcome = r.passed ? '<span class="pass">pass</span>'
       : r.scored ? '<span class="fail">fail</span>' : '<span class="muted">not scored</span>';
-    html += `<tr class="trial-row" data-i="${r.i}"><td><a href="#/run/${esc(id)}/trial/${r.i}">${esc(r.task)}</a></td>
-      <td>${esc(r.category)}</td><td class="num">${r.attempt}</td><td class="num">${num(r.reward)}</td>
+    html += `<tr class="trial-row" data-i="${esc(r.i)}"><td><a href="#/run/${esc(id)}/trial/${esc(r.i)}">${esc(r.task)}</a></td>
+      <td>${esc(r.category)}</td><td class="num">${count(r.attempt)}</td><td class="num">${num(r.reward)}</td>
       <td>${outcome}</td><td>${r.error ? `<span class="chip err-${esc(r.error)}" title="${esc(r.message)}">${esc(r.error)}</span>` : ""}</td>
-      <td class="num">${r.turns}</td><td class="num">${r.tool_calls}${r.tool_errors ? ` <span class="fail">(${r.tool_errors} failed)</span>` : ""}</td>
+      <td class="num">${count(r.turns)}</td><td class="num">${count(r.tool_calls)}${r.tool_errors ? ` <span class="fail">(${count(r.tool_errors)} failed)</span>` : ""}</td>
       <td class="num">${secs(r.duration_s)}</td></tr>`;
   }
   html += `</tbody></table><div id="pager"><button id="prev"${st.page ? "" : " disabled"}>‹ previous</button>
@@ -379,37 +392,39 @@ function renderTable(id, st) {
 
 // ---- one trial ----
 async function trialView(id, n, seq) {
-  const d = await api(`/api/run/${id}/trial/${n}`);
+  const d = await api(`/api/run/${enc(id)}/trial/${enc(n)}`);
   if (seq !== routeSeq) return;
   const r = d.record, res = d.agent_result || null, v = d.verifier || null;
+  const usage = res && res.usage && typeof res.usage === "object" ? res.usage : null;
   crumbs([["runs", "#/"], [d.run, `#/run/${id}`], [`${r.task} #${r.attempt}`]]);
   const outcome = r.passed ? '<span class="pass">passed</span>'
     : r.error && !["infra", "task", "config"].includes(r.error.kind) ? '<span class="fail">failed</span>'
     : r.error ? '<span class="muted">not scored</span>' : '<span class="fail">failed</span>';
   const [prev, next] = neighbours(id, n);
   const step = (to, label, key) => (to == null ? `<span class="muted">${label}</span>`
-    : `<a href="#/run/${esc(id)}/trial/${to}" id="${key}-trial" title="key: ${key === "prev" ? "k or ←" : "j or →"}">${label}</a>`);
+    : `<a href="#/run/${esc(id)}/trial/${esc(to)}" id="${key}-trial" title="key: ${key === "prev" ? "k or ←" : "j or →"}">${label}</a>`);
   let html = `<nav class="steps">${step(prev, "‹ previous trial", "prev")} ${step(next, "next trial ›", "next")}
     <span class="muted">(in the run table's order and filters)</span></nav>
-    <h1>${esc(r.task)} <span class="muted">attempt ${r.attempt}</span></h1>
+    <h1>${esc(r.task)} <span class="muted">attempt ${count(r.attempt)}</span></h1>
     <section id="trial-header"><div class="stats">
       <div class="stat"><b>${outcome}</b><span>reward ${num(r.reward, 3)}</span></div>
       <div class="stat"><b>${esc(r.category)}</b><span>category</span></div>
-      <div class="stat"><b>${r.turns}</b><span>turns (${esc(r.stop_reason || "–")})</span></div>
-      <div class="stat"><b>${r.tool_calls}</b><span>tool calls, ${r.tool_errors} failed</span></div>
+      <div class="stat"><b>${count(r.turns)}</b><span>turns (${esc(r.stop_reason || "–")})</span></div>
+      <div class="stat"><b>${count(r.tool_calls)}</b><span>tool calls, ${count(r.tool_errors)} failed</span></div>
       <div class="stat"><b>${secs(r.duration_s)}</b><span>duration</span></div>
-      ${res ? `<div class="stat"><b>${res.usage.total_tokens}</b><span>tokens (${res.usage.prompt_tokens} prompt, ${res.usage.completion_tokens} completion)</span></div>` : ""}
+      ${usage ? `<div class="stat"><b>${count(usage.total_tokens)}</b><span>tokens (${count(usage.prompt_tokens)} prompt, ${count(usage.completion_tokens)} completion)</span></div>` : ""}
     </div>`;
   if (r.error) html += `<div class="error" id="trial-error"><b>${esc(r.error.kind)} error:</b> <pre>${esc(r.error.message)}</pre></div>`;
   if (Object.keys(r.rewards || {}).length) html += `<p>rewards: ${Object.entries(r.rewards).map(([k, x]) => `${esc(k)} ${num(x, 3)}`).join(", ")}</p>`;
   html += `</section>${timingsBar(r.timings)}`;
-  const diff = d.diff || d.patch || (res && (res.diff || res.patch));
+  const patch = d.diff || d.patch || (res && (res.diff || res.patch));
+  const diff = typeof patch === "string" ? patch : "";
   const jump = (to, label) => `<button class="jump" data-jump="${to}">${label}</button>`;
   html += `<nav class="tabs">${jump("conversation", "conversation")} ${jump("verifier", "verifier")}${diff ? " " + jump("diff", "diff") : ""}${res && res.sequences ? " " + jump("tokens", "tokens") : ""}</nav>`;
   html += `<section id="conversation"><h2>Conversation</h2>${res ? conversation(res) : '<p class="muted">No conversation recorded (the attempt did not reach its agent).</p>'}</section>`;
   if (res && res.tool_errors && res.tool_errors.length) {
     html += `<section id="tool-errors"><h2>Tool errors</h2><table class="grid small"><thead><tr><th>turn</th><th>tool</th><th>arguments</th><th>error</th></tr></thead><tbody>${res.tool_errors
-      .map((e) => `<tr><td class="num">${e.turn}</td><td>${esc(e.tool)}</td><td><code>${esc(e.arguments)}</code></td><td>${esc(e.error)}</td></tr>`).join("")}</tbody></table></section>`;
+      .map((e) => `<tr><td class="num">${count(e.turn)}</td><td>${esc(e.tool)}</td><td><code>${esc(e.arguments)}</code></td><td>${esc(e.error)}</td></tr>`).join("")}</tbody></table></section>`;
   }
   html += `<section id="verifier"><h2>Verifier</h2>${verifier(v)}</section>`;
   if (diff) html += `<section id="diff"><h2>The agent's diff</h2>${diffBlock(diff)}</section>`;
@@ -443,10 +458,11 @@ document.addEventListener("keydown", (e) => {
 function timingsBar(t) {
   if (!t) return "";
   const phases = ["acquire_s", "setup_s", "agent_s", "verify_s", "release_s"];
-  const total = phases.reduce((a, k) => a + (t[k] || 0), 0);
+  const at = (k) => (isNum(t[k]) ? t[k] : 0);
+  const total = phases.reduce((a, k) => a + at(k), 0);
   if (!total) return "";
-  const seg = phases.filter((k) => t[k] > 0).map((k) =>
-    `<i class="ph-${k.replace(/_s$/, "")}" style="width:${((100 * t[k]) / total).toFixed(2)}%" title="${k.replace(/_s$/, "")}: ${secs(t[k])}"></i>`).join("");
+  const seg = phases.filter((k) => at(k) > 0).map((k) =>
+    `<i class="ph-${k.replace(/_s$/, "")}" style="width:${((100 * at(k)) / total).toFixed(2)}%" title="${k.replace(/_s$/, "")}: ${secs(t[k])}"></i>`).join("");
   const cells = Object.entries(t).map(([k, x]) => `<td><span class="sw ph-${esc(k.replace(/_s$/, ""))}"></span>${esc(k.replace(/_s$/, ""))} <b>${secs(x)}</b></td>`).join("");
   return `<section id="phase-timings"><h3>Time per phase</h3><div class="phasebar">${seg}</div>
     <table class="small legend"><tr>${cells}</tr></table></section>`;
@@ -515,13 +531,14 @@ function testOutcomes(output) {
 
 function verifier(v) {
   if (!v) return '<p class="muted">The verifier did not run.</p>';
-  const tests = testOutcomes(v.output);
-  let html = `<p>reward <b>${num(v.reward, 3)}</b>${v.exit_code != null ? `, exit code ${v.exit_code}` : ""}, ${secs(v.duration_s)}</p>`;
+  const output = typeof v.output === "string" ? v.output : "";
+  const tests = testOutcomes(output);
+  let html = `<p>reward <b>${num(v.reward, 3)}</b>${v.exit_code != null ? `, exit code ${count(v.exit_code)}` : ""}, ${secs(v.duration_s)}</p>`;
   if (tests.length) {
     html += `<table id="tests" class="grid small"><thead><tr><th>test</th><th>outcome</th></tr></thead><tbody>${tests
       .map(([name, o]) => `<tr class="test-${o.toLowerCase()}"><td><code>${esc(name)}</code></td><td class="${o === "PASSED" ? "pass" : o === "SKIPPED" ? "muted" : "fail"}">${esc(o.toLowerCase())}</td></tr>`).join("")}</tbody></table>`;
   }
-  if (v.output) html += `<h3>Output</h3>${folded(v.output, "verifier-output")}`;
+  if (output) html += `<h3>Output</h3>${folded(output, "verifier-output")}`;
   return html;
 }
 
@@ -534,8 +551,10 @@ function diffBlock(diff) {
 
 const tokenData = [];
 function tokenBlock(title, tokens, masks, logprobs, pieces) {
-  const key = tokenData.push({ tokens, masks: masks || [], logprobs: logprobs || [], pieces }) - 1;
-  const trained = (masks || []).filter((m) => m !== -100).length;
+  tokens = list(tokens);
+  pieces = Array.isArray(pieces) ? pieces : null;
+  const key = tokenData.push({ tokens, masks: list(masks), logprobs: list(logprobs), pieces }) - 1;
+  const trained = list(masks).filter((m) => m !== -100).length;
   return `<div class="tokens-block"><h3>${esc(title)}: ${tokens.length} tokens, ${trained} trained</h3>
     <div class="tokens${pieces ? " text" : ""}" data-key="${key}">${tokenSpans(key, Math.min(tokens.length, TOKENS_SHOWN))}</div>
     ${tokens.length > TOKENS_SHOWN ? `<button class="all-tokens" data-key="${key}">show all ${tokens.length} tokens</button>` : ""}</div>`;
@@ -546,8 +565,8 @@ function tokenSpans(key, limit) {
   for (let i = 0; i < limit; i++) {
     const trained = masks[i] !== undefined && masks[i] !== -100;
     const lp = logprobs[i];
-    const tip = `#${i} id ${tokens[i]}${trained ? ` · trained · logprob ${lp != null ? Number(lp).toFixed(4) : "?"}` : " · context"}`;
-    out += `<span class="tok${trained ? " trained" : ""}" title="${tip}">${pieces ? esc(pieces[i]) : tokens[i]}</span>`;
+    const tip = `#${i} id ${tokens[i]}${trained ? ` · trained · logprob ${isNum(lp) ? lp.toFixed(4) : "?"}` : " · context"}`;
+    out += `<span class="tok${trained ? " trained" : ""}" title="${esc(tip)}">${esc(pieces ? pieces[i] : tokens[i])}</span>`;
   }
   return out;
 }
@@ -568,45 +587,45 @@ function droppedText(stats) {
 }
 
 async function groupsView(id) {
-  const data = await api(`/api/groups/${id}`);
+  const data = await api(`/api/groups/${enc(id)}`);
   const s = data.summary, st = s.stats;
   crumbs([["runs", "#/"], [s.name]]);
   let html = `<h1>${esc(s.name)} <span class="muted">scored groups</span></h1>
-    <div class="stats"><div class="stat"><b>${s.n_groups}</b><span>groups written</span></div>
-    <div class="stat"><b>${s.n}</b><span>rollouts</span></div>
+    <div class="stats"><div class="stat"><b>${count(s.n_groups)}</b><span>groups written</span></div>
+    <div class="stat"><b>${count(s.n)}</b><span>rollouts</span></div>
     <div class="stat"><b>${num(s.mean_score, 3)}</b><span>mean score</span></div></div>`;
   html += `<section id="dropped"><h3>Why groups were dropped</h3>`;
   if (st) {
     html += `<table class="grid small"><tbody>
-      <tr><td>groups produced</td><td class="num">${st.groups}</td></tr>
-      <tr><td>sent / written</td><td class="num">${st.groups_sent}</td></tr>
-      <tr><td>dropped: too few valid rollouts (infra or verifier errors)</td><td class="num">${st.dropped_too_few_valid}</td></tr>
-      <tr><td>dropped: all scores equal (no signal)</td><td class="num">${st.dropped_same_scores}</td></tr>
-      <tr><td>dropped: too long</td><td class="num">${st.dropped_overlong}</td></tr>
-      <tr><td>rollouts / infra errors / verifier errors / truncated</td><td class="num">${st.rollouts} / ${st.infra_errors} / ${st.verifier_errors} / ${st.truncated}</td></tr>
+      <tr><td>groups produced</td><td class="num">${count(st.groups)}</td></tr>
+      <tr><td>sent / written</td><td class="num">${count(st.groups_sent)}</td></tr>
+      <tr><td>dropped: too few valid rollouts (infra or verifier errors)</td><td class="num">${count(st.dropped_too_few_valid)}</td></tr>
+      <tr><td>dropped: all scores equal (no signal)</td><td class="num">${count(st.dropped_same_scores)}</td></tr>
+      <tr><td>dropped: too long</td><td class="num">${count(st.dropped_overlong)}</td></tr>
+      <tr><td>rollouts / infra errors / verifier errors / truncated</td><td class="num">${count(st.rollouts)} / ${count(st.infra_errors)} / ${count(st.verifier_errors)} / ${count(st.truncated)}</td></tr>
       </tbody></table>`;
   } else {
     html += `<p class="muted">No ${esc(s.name.replace(/\.jsonl$/, ".stats.json"))} beside the file: only the groups that were kept are known.</p>`;
   }
   html += `</section><table id="groups" class="grid"><thead><tr><th>group</th><th>scores</th><th>mean</th><th>tokens</th><th>trained</th></tr></thead><tbody>`;
   for (const g of data.rows) {
-    html += `<tr class="group-row"><td><a href="#/groups/${esc(id)}/group/${g.i}">group ${g.i}</a></td>
-      <td>${g.scores.map((x) => `<span class="chip ${x > 0 ? "pass" : "fail"}">${num(x)}</span>`).join(" ")}</td>
-      <td class="num">${num(g.mean, 3)}</td><td class="num">${g.tokens.join(", ")}</td><td class="num">${g.trained.join(", ")}</td></tr>`;
+    html += `<tr class="group-row"><td><a href="#/groups/${esc(id)}/group/${esc(g.i)}">group ${count(g.i)}</a></td>
+      <td>${list(g.scores).map((x) => `<span class="chip ${x > 0 ? "pass" : "fail"}">${num(x)}</span>`).join(" ")}</td>
+      <td class="num">${num(g.mean, 3)}</td><td class="num">${list(g.tokens).map(count).join(", ")}</td><td class="num">${list(g.trained).map(count).join(", ")}</td></tr>`;
   }
   app.innerHTML = html + "</tbody></table>";
 }
 
 async function groupView(id, n) {
-  const [data, g] = await Promise.all([api(`/api/groups/${id}`), api(`/api/groups/${id}/group/${n}`)]);
+  const [data, g] = await Promise.all([api(`/api/groups/${enc(id)}`), api(`/api/groups/${enc(id)}/group/${enc(n)}`)]);
   crumbs([["runs", "#/"], [data.summary.name, `#/groups/${id}`], [`group ${n}`]]);
-  const messages = g.messages || [];
-  let html = `<h1>group ${n} <span class="muted">${g.scores.length} rollouts side by side</span></h1><div class="rollouts" style="grid-template-columns:repeat(${g.scores.length}, minmax(22em, 1fr))">`;
-  g.scores.forEach((score, i) => {
+  const messages = list(g.messages), scores = list(g.scores);
+  let html = `<h1>group ${count(n)} <span class="muted">${scores.length} rollouts side by side</span></h1><div class="rollouts" style="grid-template-columns:repeat(${scores.length}, minmax(22em, 1fr))">`;
+  scores.forEach((score, i) => {
     const res = { messages: messages[i] || [], reasoning: [] };
     html += `<div class="rollout"><h3>rollout ${i} <span class="chip ${score > 0 ? "pass" : "fail"}">score ${num(score, 3)}</span></h3>
       ${conversation(res)}
-      ${tokenBlock(`tokens`, g.tokens[i] || [], (g.masks || [])[i], (g.inference_logprobs || [])[i], (g.pieces || [])[i])}</div>`;
+      ${tokenBlock(`tokens`, list(g.tokens)[i], list(g.masks)[i], list(g.inference_logprobs)[i], list(g.pieces)[i])}</div>`;
   });
   app.innerHTML = html + "</div>";
   bindTokenButtons();
@@ -657,8 +676,8 @@ async function compareView(a, b) {
       const x = ca[c], y = cb[c];
       const iv = x && y ? diffInterval(x.n_passed, x.n, y.n_passed, y.n) : null;
       const dd = x && y ? y.pass_rate - x.pass_rate : null;
-      html += `<tr><td>${esc(c)}</td><td class="num">${x ? `${pct(x.pass_rate)} (${x.n_passed}/${x.n})` : "–"}</td>
-        <td class="num">${y ? `${pct(y.pass_rate)} (${y.n_passed}/${y.n})` : "–"}</td>
+      html += `<tr><td>${esc(c)}</td><td class="num">${x ? `${pct(x.pass_rate)} (${count(x.n_passed)}/${count(x.n)})` : "–"}</td>
+        <td class="num">${y ? `${pct(y.pass_rate)} (${count(y.n_passed)}/${count(y.n)})` : "–"}</td>
         <td class="num ${dd > 0 ? "pass" : dd < 0 ? "fail" : ""}">${dd == null ? "–" : sign(dd)}${iv ? ` <span class="muted">[${sign(iv[0])}, ${sign(iv[1])}]</span>` : ""}</td></tr>`;
     }
     html += `</tbody></table><h3>Tasks that flipped</h3>`;
@@ -666,7 +685,7 @@ async function compareView(a, b) {
   html += `<table id="flipped" class="grid"><thead><tr><th>task</th><th>category</th><th>A passed</th><th>B passed</th><th></th></tr></thead><tbody>`;
   for (const f of flipped) {
     html += `<tr class="${f.fb > f.fa ? "fixed" : "broke"}"><td>${esc(f.task)}</td><td>${esc(f.category)}</td>
-      <td class="num"><a href="#/run/${esc(a)}/trial/${f.ia}">${pct(f.fa)}</a></td><td class="num"><a href="#/run/${esc(b)}/trial/${f.ib}">${pct(f.fb)}</a></td>
+      <td class="num"><a href="#/run/${esc(a)}/trial/${esc(f.ia)}">${pct(f.fa)}</a></td><td class="num"><a href="#/run/${esc(b)}/trial/${esc(f.ib)}">${pct(f.fb)}</a></td>
       <td>${f.fb > f.fa ? '<span class="pass">fixed in B</span>' : '<span class="fail">broken in B</span>'}</td></tr>`;
   }
   app.innerHTML = html + "</tbody></table>";
