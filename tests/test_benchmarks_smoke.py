@@ -4,6 +4,7 @@ Each test runs the command exactly as the docs name it (a subprocess: the real C
 script) and checks the shape of what it prints: every figure the docs report is there and is
 a finite number, and what must hold whatever the machine's load does (a command passed, a
 p95 is not below its p50). Never speed: the figures are whatever this machine gives now.
+The two Ray benchmarks share one local Ray node (their `--address`), started once here.
 
 `clotho bench sandbox` and `clotho bench parsers` have their smoke tests in
 tests/test_bench_sandbox.py and tests/test_bench_parsers.py; `test_every_benchmark_has_a_smoke_test`
@@ -19,12 +20,14 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.conftest import IN_CI, REPO, requires_bwrap
 from tests.docker_probe import requires_docker
+from typer.testing import CliRunner
 
 from clotho.cli.bench_cmd import app as bench_app
 
@@ -63,6 +66,19 @@ def assert_figures(report: dict[str, Any], keys: list[str], *, positive: bool = 
             assert report[key] > 0, (key, report[key])
 
 
+@pytest.fixture(scope="module")
+def ray_address() -> Iterator[str]:
+    """One local Ray node for both Ray benchmarks (`--address`): starting a cluster was most
+    of what each cost on its smallest setting."""
+    from clotho.sandbox.ray.local_cluster import LocalRayCluster
+
+    cluster = LocalRayCluster(nodes=1).start()
+    try:
+        yield cluster.address
+    finally:
+        cluster.stop()
+
+
 # --- clotho bench scale (README: the scale table, the host overhead, the driver limit) ------
 
 SCALE_ROW_KEYS = [
@@ -77,8 +93,8 @@ SCALE_ROW_KEYS = [
 
 @requires_bwrap
 @requires_ray
-def test_bench_scale() -> None:
-    report = bench_json("scale", "--nodes", "1", "--quick")
+def test_bench_scale(ray_address: str) -> None:
+    report = bench_json("scale", "--address", ray_address, "--quick")
     rows = report["rows"]
     assert [(r["setup"], r["nodes"]) for r in rows] == [
         ("single-process pool", 0),
@@ -93,6 +109,11 @@ def test_bench_scale() -> None:
     projected = report["projected_rollouts_per_s"]
     assert projected and all(finite(v) and v > 0 for v in projected.values())
     assert isinstance(report["target_met"], bool)
+
+
+def test_bench_scale_grows_only_its_own_cluster() -> None:
+    result = CliRunner().invoke(bench_app, ["scale", "--address", "x:1", "--nodes", "2"])
+    assert result.exit_code == 2 and "--address" in result.output, result.output
 
 
 # --- python -m clotho.bench.ray_transfer_bench (architecture.md: event-loop lag) -------------
@@ -110,10 +131,11 @@ TRANSFER_ROWS = [
 
 @requires_bwrap
 @requires_ray
-def test_ray_transfer_bench() -> None:
+def test_ray_transfer_bench(ray_address: str) -> None:
     out = run(
-        [sys.executable, "-m", "clotho.bench.ray_transfer_bench", "1", "--runs", "1", "--json"]
-    )
+        [sys.executable, "-m", "clotho.bench.ray_transfer_bench", "1", "--runs", "1", "--json",
+         "--address", ray_address]
+    )  # fmt: skip
     report = json.loads(out)
     assert report["mib"] == 1 and report["runs"] == 1
     assert [row["name"] for row in report["rows"]] == TRANSFER_ROWS

@@ -1,8 +1,9 @@
 """How long a big file through the ray backend holds the driver's event loop.
 
-`python -m clotho.bench.ray_transfer_bench [MiB] [--runs N] [--json]` starts a one-node
-local Ray cluster (`LocalRayCluster`), then measures, for a file of MiB (default 256), the
-worst event-loop lag (a 1 ms timer's lateness) and the duration of:
+`python -m clotho.bench.ray_transfer_bench [MiB] [--runs N] [--json] [--address A]` starts a
+one-node local Ray cluster (`LocalRayCluster`; with `--address` it uses that running one),
+then measures, for a file of MiB (default 256), the worst event-loop lag (a 1 ms timer's
+lateness) and the duration of:
 
 - putting it into the object store in a thread as plain `bytes` (how uploads went before)
   and out of band (`payload.out_of_band`, what `RayBackend.as_value` does now);
@@ -110,14 +111,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument("mib", nargs="?", type=int, default=256, help="file size in MiB")
     parser.add_argument("--runs", type=int, default=5, help="runs per figure (the best is kept)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--address", help="a running Ray cluster to use instead of starting a one-node one"
+    )
     args = parser.parse_args(argv)
     if args.mib < 1 or args.runs < 1:
         parser.error("MiB and --runs must be at least 1")
-    cluster = LocalRayCluster(nodes=1).start()
-    try:
-        rows = asyncio.run(measure(cluster.address, args.mib, args.runs))
-    finally:
-        cluster.stop()
+    if args.address:
+        rows = asyncio.run(measure(args.address, args.mib, args.runs))
+    else:
+        cluster = LocalRayCluster(nodes=1).start()
+        try:
+            rows = asyncio.run(measure(cluster.address, args.mib, args.runs))
+        finally:
+            cluster.stop()
     if args.json:
         figures = [{"name": name, "lag_ms": lag, "duration_ms": took} for name, lag, took in rows]
         print(json.dumps({"mib": args.mib, "runs": args.runs, "rows": figures}))

@@ -33,11 +33,17 @@ TARGETS = {
     "cold_start_ms": ("<=", {"local": 15.0, "docker": 300.0}),
 }
 
+CALLERS = 32  # concurrent callers of the throughput figures
+# `--quick` (smoke tests): fewer sandboxes and slots share the 32 callers, and the reset
+# workspace has 200 files; its figures only show that every one is measured.
+QUICK_SANDBOXES = 8
+REPO_DIRS, QUICK_REPO_DIRS = 25, 5  # of 40 files each
+
 MAKE_REPO = r"""
-import os, random, subprocess
+import os, random, subprocess, sys
 random.seed(7)
 os.makedirs("ws", exist_ok=True); os.chdir("ws")
-for d in range(25):
+for d in range(int(sys.argv[1])):
     os.makedirs(f"d{d:02d}", exist_ok=True)
     for f in range(40):
         with open(f"d{d:02d}/f{f:02d}.txt", "w") as fh:
@@ -141,8 +147,15 @@ async def _acquire(config: SandboxConfig, n: int) -> float:
     return percentile(samples, 50)
 
 
-async def _reset(sandbox: Sandbox, n: int) -> float:
-    made = await sandbox.exec(f"python3 - <<'EOF'\n{MAKE_REPO}\nEOF", cwd="/tmp", timeout=300)
+def _callers(sandboxes: list[Sandbox]) -> list[Callable[[], Awaitable[None]]]:
+    """`CALLERS` callers spread over the sandboxes (one each in a full run)."""
+    return [(lambda s=sandboxes[i % len(sandboxes)]: _ours(s)) for i in range(CALLERS)]
+
+
+async def _reset(sandbox: Sandbox, n: int, dirs: int = REPO_DIRS) -> float:
+    made = await sandbox.exec(
+        f"python3 - {dirs} <<'EOF'\n{MAKE_REPO}\nEOF", cwd="/tmp", timeout=300
+    )
     if made.exit_code != 0:
         raise SandboxError(f"cannot build the reset workspace: {made.stderr}")
     pristine = (await sandbox.exec("git ls-files -s | sha1sum", cwd="/tmp/ws")).stdout
@@ -213,7 +226,8 @@ async def _open_many(config: SandboxConfig, count: int) -> list[Sandbox]:
 
 
 async def _slot_figures(slots: int, quick: bool) -> SlotFigures:
-    """32 slots from one `SlotHost`: which started in a running container, which needed one."""
+    """32 slots (quick: two containers' worth) from one `SlotHost`: which started in a running
+    container, which needed one."""
     from clotho.sandbox.docker.backend import docker_client
     from clotho.sandbox.docker.slots import SlotHost
 
@@ -223,8 +237,9 @@ async def _slot_figures(slots: int, quick: bool) -> SlotFigures:
     in_running: list[float] = []
     new_container: list[float] = []
     seen: set[str] = set()
+    count = 2 * slots if quick else 32
     try:
-        for _ in range(32):
+        for _ in range(count):
             started = time.perf_counter()
             slot = await host.open(config)
             _expect_hi(await slot.exec("echo hi"))
@@ -234,9 +249,9 @@ async def _slot_figures(slots: int, quick: bool) -> SlotFigures:
             (in_running if container in seen else new_container).append(elapsed)
             seen.add(container)
         await asyncio.sleep(1.0)
-        memory = pss_mb(await _container_pids(host.docker, seen)) / 32
+        memory = pss_mb(await _container_pids(host.docker, seen)) / count
         p50, _ = await latency_ms(lambda: _ours(opened[-1]), 100 if quick else 300)
-        rate = await throughput([(lambda s=s: _ours(s)) for s in opened], 2000 if quick else 10000)
+        rate = await throughput(_callers(opened), 500 if quick else 10000)
         isolation = str(getattr(opened[0], "isolation", "none"))
     finally:
         try:
@@ -322,7 +337,7 @@ async def run_sandbox_bench(
         raise SandboxError("slots per container are a docker feature: use --backend docker")
     config: SandboxConfig = LocalSandboxConfig() if backend == "local" else DockerSandboxConfig()
     n_latency = 100 if quick else 300
-    n_total = 2000 if quick else 10000
+    n_total = 500 if quick else 10000
     progress("cold start")
     cold = await _cold_start(config, 3 if quick else 15)
     progress("warm exec latency")
@@ -330,11 +345,12 @@ async def run_sandbox_bench(
     try:
         p50, p95 = await latency_ms(lambda: _ours(sandbox), n_latency)
         progress("reset of a 1000-file git workspace")
-        reset = await _reset(sandbox, 3 if quick else 20)
+        reset = await _reset(sandbox, 3 if quick else 20, QUICK_REPO_DIRS if quick else REPO_DIRS)
     finally:
         await sandbox.close()
-    progress("memory per idle sandbox and throughput with 32 callers")
-    many = await _open_many(config, 32)
+    progress(f"memory per idle sandbox and throughput with {CALLERS} callers")
+    count = QUICK_SANDBOXES if quick else 32
+    many = await _open_many(config, count)
     baseline: dict[str, BaselineFigures] = {}
     try:
         await asyncio.sleep(1.0)
@@ -346,8 +362,8 @@ async def run_sandbox_bench(
         else:
             docker = many[0]._docker  # type: ignore[attr-defined]
             pids = await _container_pids(docker, {s.id for s in many})
-        memory = pss_mb(pids) / 32
-        rate = await throughput([(lambda s=s: _ours(s)) for s in many], n_total)
+        memory = pss_mb(pids) / count
+        rate = await throughput(_callers(many), n_total)
         if backend == "docker":
             progress("baseline: docker exec through the Engine API")
             containers = [s.container for s in many]  # type: ignore[attr-defined]

@@ -86,16 +86,38 @@ async def _timed(call: Callable[[], Awaitable[object]], n: int) -> float:
     return percentile(samples, 50)
 
 
+def _alive_nodes(config: SandboxConfig) -> int:
+    """Nodes of the connected cluster that the ray backend would use (as its `hosts` does)."""
+    import ray
+
+    wanted = getattr(config, "node_resource", None)
+    return sum(
+        1
+        for node in ray.nodes()
+        if node.get("Alive") and (not wanted or wanted in node.get("Resources", {}))
+    )
+
+
 async def _measure(
-    setup: str, nodes: int, config: SandboxConfig, rollouts: int, concurrency: int, quick: bool
+    setup: str,
+    nodes: int | None,
+    config: SandboxConfig,
+    rollouts: int,
+    concurrency: int,
+    quick: bool,
 ) -> ScaleRow:
+    """One row; `nodes` None: a cluster given by address, its nodes counted once connected."""
     async with SlotPool(PoolConfig(max_size=concurrency + 2)) as pool:
         # connect and start every node's host before anything is timed
-        warm = [await pool.acquire(config) for _ in range(max(nodes, 1))]
+        first = await pool.acquire(config)
+        if nodes is None:
+            nodes = await asyncio.to_thread(_alive_nodes, config)
+            setup = setup.format(nodes=nodes)
+        warm = [first] + [await pool.acquire(config) for _ in range(max(nodes, 1) - 1)]
         for sandbox in warm:
             await pool.release(sandbox)
         box = await pool.acquire(config)
-        exec_p50 = await _timed(lambda: box.exec("true"), 100 if quick else 400)
+        exec_p50 = await _timed(lambda: box.exec("true"), 50 if quick else 400)
         await pool.release(box)
 
         async def start() -> None:
@@ -103,7 +125,7 @@ async def _measure(
             await fresh.exec("true")
             await pool.release(fresh)
 
-        start_p50 = await _timed(start, 5 if quick else 15)
+        start_p50 = await _timed(start, 3 if quick else 15)
         await asyncio.sleep(0.5)  # let the releases' background closes finish
 
         left = rollouts
@@ -137,15 +159,22 @@ async def _measure(
 
 
 async def run_scale_bench(
-    nodes: int = 3, *, quick: bool = False, concurrency: int = 6
+    nodes: int = 3, *, quick: bool = False, concurrency: int = 6, address: str | None = None
 ) -> ScaleBench:
-    """The baseline, then the ray backend on 1..`nodes` local node processes."""
+    """The baseline, then the ray backend on 1..`nodes` local node processes; with `address`,
+    on that running cluster as it is (one row; it is neither grown nor stopped)."""
     from clotho.sandbox.ray.local_cluster import LocalRayCluster
     from clotho.sandbox.remote_config import RaySandboxConfig
 
-    rollouts = 12 if quick else 48
+    rollouts = concurrency if quick else 48  # quick: one rollout per worker
     inner = LocalSandboxConfig()
     rows = [await _measure("single-process pool", 0, inner, rollouts, concurrency, quick)]
+    if address is not None:
+        given = RaySandboxConfig(address=address, inner=inner)
+        rows.append(
+            await _measure("ray, {nodes} node(s)", None, given, rollouts, concurrency, quick)
+        )
+        return _summary(rows)
     cluster = LocalRayCluster(nodes=1)
     await asyncio.to_thread(cluster.start)
     try:
@@ -158,6 +187,11 @@ async def run_scale_bench(
             )
     finally:
         await asyncio.to_thread(cluster.stop)
+    return _summary(rows)
+
+
+def _summary(rows: list[ScaleRow]) -> ScaleBench:
+    """The overheads, from the baseline and the first ray row, and the projection."""
     base, one = rows[0], rows[1]
     limit = 1000 / one.driver_cpu_ms_per_rollout
     per_node = one.rollouts_per_s

@@ -77,7 +77,9 @@ def _slots_table(slots: SlotFigures) -> Table:
 def sandbox_command(
     backend: Annotated[Literal["local", "docker"], typer.Option(help="sandbox backend")] = "local",
     json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
-    quick: Annotated[bool, typer.Option(help="fewer samples (for smoke tests)")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="fewer samples, sandboxes and files (for smoke tests)")
+    ] = False,
     slots: Annotated[
         int, typer.Option(min=1, help="docker: also measure N slots per shared container")
     ] = 1,
@@ -158,13 +160,25 @@ def _scale_table(result: ScaleBench) -> Table:
 
 @app.command("scale")
 def scale_command(
-    nodes: Annotated[int, typer.Option(min=1, max=8, help="local Ray node processes, up to")] = 3,
+    nodes: Annotated[
+        int | None,
+        typer.Option(min=1, max=8, help="local Ray node processes, up to [default: 3]"),
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     quick: Annotated[bool, typer.Option(help="fewer samples (for smoke tests)")] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(help="a running Ray cluster to measure as it is, instead of local nodes"),
+    ] = None,
 ) -> None:
     """Rollouts per second and sandbox utilisation over 1..N local Ray nodes beside the
     single-process pool, and what going through a node's host costs (extra ray)."""
-    result = asyncio.run(run_scale_bench(nodes, quick=quick))
+    if address is not None and nodes is not None:
+        raise typer.BadParameter(
+            "--nodes grows a cluster the benchmark starts; --address measures one as it is",
+            param_hint="--nodes",
+        )
+    result = asyncio.run(run_scale_bench(nodes or 3, quick=quick, address=address))
     if json_:
         print(result.model_dump_json(indent=2))
         return
