@@ -7,14 +7,16 @@ library's `ThreadingHTTPServer` in a background thread, on a free port) that imp
 
 * a `dict`: the assistant message to return (`content`, optional `tool_calls`,
   `reasoning_content` / `reasoning` / `reasoning_details`, ...);
-* `Reply(message, usage=..., finish_reason=..., delay_s=...)`: the same with `usage`;
+* `Reply(message, usage=..., finish_reason=...)`: the same with `usage`;
 * `HTTPError(status, body, headers)`: an error status with a raw body;
 * `RawBody(body, status=200)`: any raw body, e.g. malformed JSON;
 * a callable taking the request JSON and returning any of the above.
 
-Every entry may carry `delay_s` (the server sleeps before answering, for timeouts). When
-the script runs out, `default` is replayed; without a default the server answers HTTP 500
-and counts it in `exhausted`, so a test that made more requests than scripted fails loudly.
+A callable entry runs on the request's own server thread: to hold a request in flight, it
+waits on an event the test sets (no entry sleeps: a test orders events, it does not race a
+delay). When the script runs out, `default` is replayed; without a default the server
+answers HTTP 500 and counts it in `exhausted`, so a test that made more requests than
+scripted fails loudly.
 Every request body (parsed JSON) and its headers are recorded in `requests` / `headers`.
 
 Nothing here talks to a real model; the replies are exactly what the script says.
@@ -42,7 +44,6 @@ class Reply:
     message: dict[str, Any]
     usage: dict[str, int] | None = None
     finish_reason: str | None = None
-    delay_s: float = 0.0
 
 
 @dataclass
@@ -52,7 +53,6 @@ class HTTPError:
     status: int
     body: str = '{"error": {"message": "scripted error"}}'
     headers: dict[str, str] = field(default_factory=dict)
-    delay_s: float = 0.0
 
 
 @dataclass
@@ -62,7 +62,6 @@ class RawBody:
     body: str | bytes
     status: int = 200
     content_type: str = "application/json"
-    delay_s: float = 0.0
 
 
 ScriptEntry = dict[str, Any] | Reply | HTTPError | RawBody | Callable[[Any], Any]
@@ -208,7 +207,6 @@ class ScriptedOpenAIServer:
             return
         if isinstance(entry, dict):
             entry = Reply(entry)
-        time.sleep(entry.delay_s)
         if isinstance(entry, HTTPError):
             _send(handler, entry.status, entry.body.encode(), entry.headers)
         elif isinstance(entry, RawBody):

@@ -635,20 +635,30 @@ async def test_process_prefers_the_exact_ledger_of_a_token_backend(tmp_path: Pat
 @needs_qwen
 def test_interrupted_process_leaves_a_whole_sft_file(tmp_path: Path) -> None:
     """Ctrl-C in the middle of `clotho process`: the SFT file holds whole lines of what
-    finished, and no temporary file is left beside it."""
+    finished, and no temporary file is left beside it. The model holds its first request
+    after two groups are written until the signal is sent: a rollout is in flight then."""
     import signal
+    import threading
 
     from tests.scripted_openai import Reply
     from tests.test_env import solver
 
     answer = solver()
-
-    def slow(body: dict[str, Any]) -> Reply:
-        return Reply(answer(body), delay_s=0.2)
-
     out = tmp_path / "groups.jsonl"
     chat = tmp_path / "sft.jsonl"
-    with ScriptedOpenAIServer(default=slow) as server:
+    held = threading.Event()  # a request is being held: the run is mid-rollout
+    release = threading.Event()
+
+    def groups_written() -> int:
+        return len(out.read_text().splitlines()) if out.exists() else 0
+
+    def answer_or_hold(body: dict[str, Any]) -> Reply:
+        if groups_written() >= 2:
+            held.set()
+            release.wait(60)
+        return Reply(answer(body))
+
+    with ScriptedOpenAIServer(default=answer_or_hold) as server:
         proc = subprocess.Popen(
             [sys.executable, "-m", "clotho", "process", "terminal_test", "--out", str(out),
              "--n-groups", "100", "--group-size", "2", "--concurrency", "1", "--model", "m",
@@ -657,10 +667,11 @@ def test_interrupted_process_leaves_a_whole_sft_file(tmp_path: Path) -> None:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
-            wait_until_sync(lambda: out.exists() and len(out.read_text().splitlines()) >= 2, 90)
+            assert wait_until_sync(held.is_set, 90), "no request after two groups"
             proc.send_signal(signal.SIGINT)
             _, stderr = proc.communicate(timeout=60)
         finally:
+            release.set()
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 130, stderr
