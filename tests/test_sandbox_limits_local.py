@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.cgroups import available
 from clotho.sandbox.config import DEFAULT_LOCAL_MEMORY_MB, DEFAULT_LOCAL_STORAGE_MB
 from clotho.sandbox.pool import PoolConfig, SlotPool
+from clotho.sandbox.state import make_state_dir, remove_state_dir
 from clotho.tasks.environment import environment_spec
 from clotho.tasks.harbor import load_task
 
@@ -465,3 +467,30 @@ async def test_without_loop_devices_writes_below_the_limit_are_seen_and_fine(
     assert (await sb.exec("head -c 40M /dev/zero > /usr/local/f && echo ok")).stdout == "ok\n"
     assert await wait_until(lambda: any(used >= 40 << 20 for used in looks))  # it was seen
     assert sb.limits.tripped is None
+
+
+async def test_a_start_cancelled_while_its_disk_is_mounted_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`SandboxLimits.make` mounts in a thread; cancelled meanwhile, it waits for the thread
+    and removes the cgroups and the mount it made."""
+    entered = threading.Event()
+    real = quota.Disk.mount_over
+
+    def mount_over(*args: object, **kwargs: object) -> quota.Disk:
+        entered.set()
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(quota.Disk, "mount_over", mount_over)
+    state = make_state_dir(str(tmp_path / "state"), {"test": "limits"}, claim_uid=True)
+    try:
+        config = LocalSandboxConfig(state_dir=str(tmp_path / "state"), storage_mb=64)
+        task = asyncio.create_task(limits.SandboxLimits.make(config, state, ("freezer",)))
+        assert await wait_until(entered.is_set)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert mounted_under(state) == []
+        assert leftover_cgroups(state.name) == []
+    finally:
+        remove_state_dir(state)

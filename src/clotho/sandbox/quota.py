@@ -273,6 +273,11 @@ class Disk:
         return None
 
 
+def detach(folder: Path) -> None:
+    """Lazily unmount the disk at `folder` (the loop device then clears itself)."""
+    _detach(folder)
+
+
 def _detach(folder: Path) -> None:
     if _libc.umount2(str(folder).encode(), 2):  # MNT_DETACH
         err = ctypes.get_errno()
