@@ -415,7 +415,8 @@ class BwrapSandbox(ShellBackedSandbox):
                 await guard_host_addresses(SANDBOX_UID_BASE, SANDBOX_UID_COUNT)
             # Resource limits (limits.py): the freezer's cgroups get the memory, pids (and cpu)
             # controllers and their limits before the shell starts; RLIMIT_FSIZE in the argv.
-            limits = SandboxLimits.create(config, state, ("freezer",) if as_root else ())
+            # In a thread: the state folder's own file system is mounted there (quota.py).
+            limits = await SandboxLimits.make(config, state, ("freezer",) if as_root else ())
             cgroups = limits.cgroups
             shell = PersistentShell(
                 limits.wrap(bwrap_argv(config, root_mode, state, uid, cgroups)),
