@@ -23,7 +23,7 @@ import secrets
 import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from clotho.chat.models import Model, ModelSession
@@ -432,7 +432,13 @@ class Gateway:
             include = isinstance(options, dict) and bool(options.get("include_usage"))
             events = wire.openai_events(reply, include_usage=include)
         headers = {"Cache-Control": "no-cache"}
-        return StreamingResponse(iter(events), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(_aiter(events), media_type="text/event-stream", headers=headers)
+
+
+async def _aiter(events: list[str]) -> AsyncIterator[str]:
+    """The events as an async iterator (a plain one would be walked in a worker thread)."""
+    for event in events:
+        yield event
 
 
 class WireFailure:

@@ -1,0 +1,150 @@
+"""mini-swe-agent, the real package (pinned, installed once from the package registry into
+~/.cache/clotho), run headless in a real local sandbox on a bundled task, its model calls
+through the gateway to `ScriptedOpenAIServer`, the TEST DOUBLE of a hosted model. Led through
+the task's own solution it earns reward 1; told nothing useful it earns 0. The trial keeps the
+gateway's record and the agent's own trajectory."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.sandbox_fixtures import requires_bwrap
+from tests.scripted_openai import ScriptedOpenAIServer, assistant, fast_config, tool_call
+
+from clotho.chat import ChatClient
+from clotho.errors import ConfigError, TaskError
+from clotho.gateway import Gateway, GatewayLimits
+from clotho.installed_agents import InstalledAgentRunner, agent_names, installed_agent
+from clotho.installed_agents.base import AGENT_LOGS, sandbox_python
+from clotho.sandbox import LocalSandboxConfig, open_sandbox
+from clotho.sandbox.pool import SlotPool
+from clotho.tasks.harbor import load_task
+from clotho.tasks.trial import HarborTrial, run_trial
+
+pytestmark = [pytest.mark.bwrap, requires_bwrap]
+
+TASK = Path(__file__).parents[1] / "examples" / "tasks" / "fix-roman-numerals"
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+def _bash(command: str) -> dict[str, Any]:
+    return assistant("", [tool_call("bash", {"command": command})])
+
+
+def solving(body: dict[str, Any]) -> dict[str, Any]:
+    """Scripted policy: run the task's reference solution (a bash script; mini runs each
+    command with sh), then submit."""
+    if not any(m.get("role") == "tool" for m in body["messages"]):
+        return _bash("bash -c " + shlex.quote((TASK / "solution" / "solve.sh").read_text()))
+    return _bash(SUBMIT)
+
+
+def giving_up(body: dict[str, Any]) -> dict[str, Any]:
+    """Scripted policy: look around once, then submit without changing anything."""
+    if not any(m.get("role") == "tool" for m in body["messages"]):
+        return _bash("ls /app")
+    return _bash(SUBMIT)
+
+
+@pytest.fixture
+async def gateway_for() -> AsyncIterator[Callable[[ScriptedOpenAIServer], Gateway]]:
+    made: list[tuple[Gateway, ChatClient]] = []
+
+    def make(server: ScriptedOpenAIServer) -> Gateway:
+        client = ChatClient(fast_config(server.base_url, max_retries=1, api_key_env=None))
+        gateway = Gateway(client, model_name="scripted-model")
+        made.append((gateway, client))
+        return gateway
+
+    yield make
+    for gateway, client in made:
+        await gateway.aclose()
+        await client.aclose()
+
+
+async def _attempt(
+    policy: Callable[[dict[str, Any]], dict[str, Any]], gateway_for: Any
+) -> tuple[Any, InstalledAgentRunner, ScriptedOpenAIServer]:
+    with ScriptedOpenAIServer(default=policy) as server:
+        runner = InstalledAgentRunner(
+            installed_agent("mini-swe-agent"), gateway_for(server), GatewayLimits(max_turns=10)
+        )
+        async with SlotPool() as pool:
+            outcome = await run_trial(HarborTrial(load_task(TASK)), runner, LocalSandboxConfig(),
+                                      pool)  # fmt: skip
+    return outcome, runner, server
+
+
+async def test_mini_swe_agent_led_to_the_solution_passes(gateway_for: Any) -> None:
+    outcome, runner, server = await _attempt(solving, gateway_for)
+    [run] = runner.runs
+    assert outcome.error is None, (outcome.error, run.output)
+    assert (outcome.reward, outcome.passed) == (1.0, True), run.output
+    record = run.record
+    # Two model calls: the solution, then the submission; both forwarded and recorded.
+    assert record.turns == len(server.requests) == 2
+    first = record.exchanges[0]
+    assert first.api == "openai-chat" and first.status == 200
+    sent = json.dumps(first.request["messages"])
+    assert "Fix the Roman numeral converter" in sent  # the task's instruction, via mini's prompt
+    assert first.request["tools"][0]["function"]["name"] == "bash"
+    assert first.response is not None
+    solution_call = first.response["choices"][0]["message"]["tool_calls"][0]
+    # The second request carries what the agent saw of the first call's result.
+    answered = record.exchanges[1].request["messages"]
+    assert any(m.get("tool_call_id") == solution_call["id"] for m in answered)
+    # The agent's own trajectory, read from the sandbox before it closed.
+    assert run.trajectory is not None
+    trajectory = json.loads(run.trajectory)
+    assert trajectory["info"]["exit_status"] == "Submitted"
+    # The trial's messages are the last conversation the model saw, and its reply.
+    assert outcome.agent is not None
+    assert outcome.agent.turns == 2 and outcome.agent.stop_reason == "finished"
+    assert outcome.agent.messages[-1]["tool_calls"][0]["function"]["arguments"] == json.dumps(
+        {"command": SUBMIT}
+    )
+
+
+async def test_mini_swe_agent_that_does_not_solve_fails(gateway_for: Any) -> None:
+    outcome, runner, server = await _attempt(giving_up, gateway_for)
+    [run] = runner.runs
+    assert outcome.error is None, (outcome.error, run.output)
+    assert (outcome.reward, outcome.passed) == (0.0, False)
+    assert run.record.turns == len(server.requests) == 2
+    assert run.trajectory is not None and AGENT_LOGS  # it ran to its own end
+
+
+async def test_the_model_budget_ends_the_agent(gateway_for: Any) -> None:
+    """A turn limit of 1: the second call is refused by the gateway, the agent stops, the
+    attempt is the agent's failure (reward 0, stop reason max_turns), never an infra error."""
+    with ScriptedOpenAIServer(default=giving_up) as server:
+        runner = InstalledAgentRunner(
+            installed_agent("mini-swe-agent"), gateway_for(server), GatewayLimits(max_turns=1)
+        )
+        async with SlotPool() as pool:
+            outcome = await run_trial(HarborTrial(load_task(TASK)), runner, LocalSandboxConfig(),
+                                      pool)  # fmt: skip
+    [run] = runner.runs
+    assert len(server.requests) == 1
+    assert run.record.limit == "turns"
+    assert outcome.reward == 0.0 and outcome.agent is not None
+    assert outcome.agent.stop_reason == "max_turns"
+    assert outcome.error is None or outcome.error.kind not in ("infra", "task", "config")
+
+
+def test_adapters_are_registered_by_name() -> None:
+    assert "mini-swe-agent" in agent_names()
+    with pytest.raises(ConfigError, match="unknown installed agent 'nope'"):
+        installed_agent("nope")
+
+
+async def test_an_image_without_python3_is_a_task_error(tmp_path: Path) -> None:
+    async with await open_sandbox(LocalSandboxConfig(state_dir=str(tmp_path))) as sandbox:
+        await sandbox.exec("mkdir -p /tmp/bare && export PATH=/tmp/bare")
+        with pytest.raises(TaskError, match=r"mini-swe-agent agent needs python3 >= 3\.10"):
+            await sandbox_python(sandbox, "mini-swe-agent", (3, 10))
