@@ -148,3 +148,31 @@ async def test_an_image_without_python3_is_a_task_error(tmp_path: Path) -> None:
         await sandbox.exec("mkdir -p /tmp/bare && export PATH=/tmp/bare")
         with pytest.raises(TaskError, match=r"mini-swe-agent agent needs python3 >= 3\.10"):
             await sandbox_python(sandbox, "mini-swe-agent", (3, 10))
+
+
+async def test_an_install_is_made_once_and_only_used_when_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cached install is found by its stamp; a folder left half-made (no stamp) is made
+    again, never used. pip here is a stand-in that writes one package (no registry)."""
+    from clotho.installed_agents import base
+
+    calls: list[list[str]] = []
+
+    async def fake_pip(agent: str, argv: list[str]) -> None:
+        calls.append(argv)
+        site = Path(argv[argv.index("--target") + 1])
+        (site / "pkg-1.0.dist-info").mkdir(parents=True, exist_ok=True)
+        (site / "pkg.py").write_text("X = 1\n")
+
+    monkeypatch.setattr(base, "_run", fake_pip)
+    first = await base.pip_install("demo", "1.0", ["pkg==1.0"], python="3.11", cache_dir=tmp_path)
+    assert first.root == tmp_path / "agents" / "demo-1.0-py3.11"
+    assert first.stamp.installed == ["pkg==1.0"] and first.stamp.bytes == 6
+    assert "--only-binary=:all:" in calls[0] and "3.11" in calls[0]
+    again = await base.pip_install("demo", "1.0", ["pkg==1.0"], python="3.11", cache_dir=tmp_path)
+    assert again.stamp == first.stamp and len(calls) == 1
+
+    (first.root / "install.json").unlink()  # as if the install had stopped half-way
+    remade = await base.pip_install("demo", "1.0", ["pkg==1.0"], python="3.11", cache_dir=tmp_path)
+    assert len(calls) == 2 and (remade.root / "install.json").is_file()

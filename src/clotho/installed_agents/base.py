@@ -186,6 +186,8 @@ async def pip_install(
             seconds=time.monotonic() - started,
         )
         (work / "install.json").write_text(stamp.model_dump_json(indent=2))
+        if root.exists():  # a folder without a stamp is no install: replaced, under the lock
+            await asyncio.to_thread(shutil.rmtree, root)
         os.rename(work, root)
         return AgentInstall(root, stamp)
     finally:
