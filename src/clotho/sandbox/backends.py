@@ -24,21 +24,17 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clotho.errors import TaskError
+import clotho.sandbox.remote_config  # noqa: F401  (registers the cluster kinds: Ray, Modal, Nomad)
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import (
-    DockerSandboxConfig,
     LocalSandboxConfig,
     SandboxConfig,
+    SandboxConfigBase,
     UnsafeLocalSandboxConfig,
+    config_type,
 )
 from clotho.sandbox.leases import SandboxRecord, local_records, remove_local
-from clotho.sandbox.remote_config import (
-    ModalSandboxConfig,
-    NomadSandboxConfig,
-    RaySandboxConfig,
-)
 from clotho.sandbox.unsafe_local import UnsafeLocalSandbox
 
 DEFAULT_LEASE_S = 6 * 3600.0
@@ -76,29 +72,11 @@ def with_task_network(base: SandboxConfig, spec: EnvironmentSpec) -> SandboxConf
     """The run's sandbox config for a task that has its say on the network: a network only
     for a task that asks for one and a run that gives one (`network`, which on Docker also
     needs `host_network`: the run's consent), none for a task that says no. A task that asks
-    in a run that gives none is a `TaskError` before any sandbox starts, never run offline."""
-    if spec.network is None or isinstance(base, UnsafeLocalSandboxConfig):
-        return base  # unsafe-local: the host's own network, whatever anyone says
-    if isinstance(base, RaySandboxConfig):
-        return base.model_copy(update={"inner": with_task_network(base.inner, spec)})
-    given = bool(getattr(base, "network", False))
-    if spec.network and not given:
-        raise TaskError(f"{spec.name}: the task asks for a network {_NO_NETWORK[base.backend]}")
-    if given and not spec.network:
-        return base.model_copy(update={"network": False})
-    return base
-
-
-_ASKS = "(a Harbor task's [environment] allow_internet = true) and this run gives "
-_NO_NETWORK = {
-    "local": _ASKS + "its sandboxes none: run with --network (as root, the local backend's "
-    "network is guarded: the host's own services stay out of reach)",
-    "docker": _ASKS + "its containers none: Docker's only network here is the host's own, "
-    "unguarded; accept that with --network --set sandbox.host_network=true, or run on the "
-    "local backend with --network (guarded)",
-    "modal": _ASKS + "its sandboxes none: --set sandbox.network=true",
-    "nomad": "and the nomad backend cannot give its sandboxes one",
-}
+    in a run that gives none is a `TaskError` before any sandbox starts, never run offline
+    (each kind's `with_task_network`)."""
+    if spec.network is None:
+        return base
+    return base.with_task_network(spec.network, spec.name)
 
 
 class PreparedEnvironment(BaseModel):
@@ -245,38 +223,17 @@ class UnsafeLocalBackend(FolderBackend[UnsafeLocalSandboxConfig]):
 def backend_key(config: SandboxConfig, *, docker_url: str | None = None) -> str:
     """Which backend instance serves `config`: one per kind and place (a daemon address, a
     state folder). `docker_url` is the default for configs that name none."""
-    if isinstance(config, DockerSandboxConfig):
-        return f"docker {config.docker_url or docker_url or ''}"
-    if isinstance(config, RaySandboxConfig):
-        return f"ray {config.address} {config.namespace} {backend_key(config.inner)}"
-    if isinstance(config, ModalSandboxConfig):
-        return f"modal {config.app_name}"
-    if isinstance(config, NomadSandboxConfig):
-        return f"nomad {config.address} {config.job_id}"
-    return f"{config.backend} {config.state_dir or ''}"
-
-
-# Backends whose modules and SDKs (aiodocker, ray, modal) load on first use.
-_LAZY_MODULES = {
-    "docker": ("clotho.sandbox.docker.backend", "aiodocker"),
-    "ray": ("clotho.sandbox.ray.backend", "ray"),
-    "modal": ("clotho.sandbox.remote.modal_backend",),
-    "nomad": ("clotho.sandbox.remote.nomad_backend",),
-}
-
-
-# The extra that brings each lazily loaded backend's SDK.
-_EXTRAS = {"docker": ("aiodocker", "docker"), "ray": ("ray", "ray"), "modal": ("modal", "modal")}
+    return config.backend_key(docker_url=docker_url)
 
 
 def missing_extra(config: SandboxConfig) -> str | None:
     """What to install for `config`'s backend (a wrapped Ray sandbox's inner one too), when
     its SDK is not installed: said before a run starts, not as one infra error per rollout."""
-    for backend in {config.backend, getattr(getattr(config, "inner", None), "backend", None)}:
-        sdk, extra = _EXTRAS.get(backend or "", (None, None))
-        if sdk is not None and not _installed(sdk):
+    for part in config.parts():
+        if part.sdk is not None and not _installed(part.sdk[0]):
+            sdk, extra = part.sdk
             return (
-                f"the {backend} sandbox backend needs its SDK ({sdk}): "
+                f"the {part.backend} sandbox backend needs its SDK ({sdk}): "
                 f"pip install 'clotho-rl[{extra}]'"
             )
     return None
@@ -300,31 +257,22 @@ def _import_all(modules: tuple[str, ...]) -> None:
 async def import_backend(config: SandboxConfig) -> None:
     """Import `config`'s backend and its SDK off the event loop (aiodocker with aiohttp takes
     ~100 ms), so that the synchronous `make_backend` and clients find them loaded."""
-    modules = _LAZY_MODULES.get(config.backend, ())
+    kind = type(config)
+    modules = (kind.backend_class.partition(":")[0], *(kind.sdk or ())[:1])
     if any(m not in sys.modules for m in modules):
         await asyncio.to_thread(_import_all, modules)
 
 
 def make_backend(config: SandboxConfig, *, docker_url: str | None = None) -> SandboxBackend:
-    """A new backend for `config`'s kind and place (see `backend_key`)."""
-    if isinstance(config, LocalSandboxConfig):
-        return LocalBackend(config.state_dir)
-    if isinstance(config, UnsafeLocalSandboxConfig):
-        return UnsafeLocalBackend(config.state_dir)
-    if isinstance(config, DockerSandboxConfig):
-        from clotho.sandbox.docker.backend import DockerBackend
+    """A new backend for `config`'s kind and place (see `backend_key`): the kind's own
+    (`new_backend`), its module imported now. A config of no registered kind is a TypeError."""
+    if not isinstance(config, SandboxConfigBase) or _registered(config) is not type(config):
+        raise TypeError(f"unknown sandbox config: {type(config).__name__}")
+    return config.new_backend(docker_url=docker_url)
 
-        return DockerBackend(config.docker_url or docker_url, state_dir=config.state_dir)
-    if isinstance(config, RaySandboxConfig):
-        from clotho.sandbox.ray.backend import RayBackend
 
-        return RayBackend(config)
-    if isinstance(config, ModalSandboxConfig):
-        from clotho.sandbox.remote.modal_backend import ModalBackend
-
-        return ModalBackend()
-    if isinstance(config, NomadSandboxConfig):
-        from clotho.sandbox.remote.nomad_backend import NomadBackend
-
-        return NomadBackend(config)
-    raise TypeError(f"unknown sandbox config: {type(config).__name__}")
+def _registered(config: SandboxConfigBase) -> type[SandboxConfigBase] | None:
+    try:
+        return config_type(config.backend)
+    except KeyError:
+        return None

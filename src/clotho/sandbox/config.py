@@ -1,18 +1,189 @@
-"""Sandbox configuration: one model per backend, chosen by the `backend` field."""
+"""Sandbox configuration: one model per backend, each registered under its `backend` name.
+
+A backend registers through its config class (`@register`): the class names its kind (the
+`backend` field's one value), the class of its backend (`backend_class`, "module:Class",
+imported on first use), the SDK that backend needs and the facts callers ask about
+(`place`, `isolated`, `install_facts`, ...). `SandboxConfig` is any registered config, read
+by its `backend` field, and everything that lists backends (the CLI's choices, `clotho
+sandbox ls/gc`) asks `sandbox_kinds`. Adding a backend: a config class here or in
+`remote_config.py` (the cluster ones), and the module of its backend.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    TypeAdapter,
+    model_validator,
+)
+from pydantic_core import core_schema
+
+from clotho.errors import TaskError
+
+if TYPE_CHECKING:
+    from clotho.sandbox.backends import SandboxBackend
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_LOCAL_MEMORY_MB = 4096
 DEFAULT_LOCAL_STORAGE_MB = 10240
 
+Place = Literal["host", "cluster"]
+C = TypeVar("C", bound="SandboxConfigBase")
 
-class _Common(BaseModel):
+
+class SandboxConfigBase(BaseModel):
+    """What every sandbox config states about its backend; `@register` makes it a kind."""
+
     model_config = ConfigDict(extra="forbid")
+
+    backend: str  # each kind narrows it to Literal["<kind>"] = "<kind>"
+
+    backend_class: ClassVar[str]  # "module:Class" of its `SandboxBackend`, imported on first use
+    sdk: ClassVar[tuple[str, str] | None] = None  # (module, extra) its backend needs installed
+    place: ClassVar[Place] = "host"  # host: sandboxes on this machine; cluster: beyond it
+    isolated: ClassVar[bool] = True  # False: the agent runs as a plain process on the host
+    no_network_hint: ClassVar[str] = "and this run gives its sandboxes none"
+
+    if TYPE_CHECKING:  # every config has them (Ray's are its inner config's); the pool reads
+        workdir: str
+        state_dir: str | None
+
+    @classmethod
+    def backend_type(cls) -> Callable[..., SandboxBackend]:
+        """This kind's backend class, its module imported now (`backend_class`)."""
+        module, _, name = cls.backend_class.partition(":")
+        backend: Callable[..., SandboxBackend] = getattr(importlib.import_module(module), name)
+        return backend
+
+    def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:
+        """A new backend for this config's place (`backend_key`); `docker_url` is the
+        default daemon for configs that name none. Kinds whose backend takes other
+        arguments than the config say so here."""
+        return self.backend_type()(self)
+
+    def backend_key(self, *, docker_url: str | None = None) -> str:
+        """Which backend instance serves this config: one per kind and place."""
+        return f"{self.backend} {self.state_dir or ''}"
+
+    @classmethod
+    def listing(cls, state_dir: str | None) -> SandboxConfigBase | None:
+        """The config whose backend lists this kind's leftovers on this host (`clotho sandbox
+        ls/gc`); None: another kind's backend lists them, or they are not on this host."""
+        return cls.model_validate({"state_dir": state_dir}) if cls.place == "host" else None
+
+    def parts(self) -> tuple[SandboxConfigBase, ...]:
+        """This config and the configs it wraps (Ray's inner one)."""
+        return (self,)
+
+    @property
+    def own_root(self) -> bool:
+        """The sandbox's root file system is its own (a container's), not the host's: what
+        an install writes may be anywhere under /usr, /etc and /var/lib."""
+        return False
+
+    def install_facts(self) -> dict[str, Any]:
+        """What a program installed in such a sandbox depends on besides its own inputs
+        (the install cache's key): the backend, its image, its root, shared slots."""
+        return {"backend": self.backend, "image": None, "root": None, "slots": False, "inner": None}
+
+    def with_task_network(self: C, wants: bool, task: str) -> C:
+        """This config for a task that asks for a network (`wants`) or refuses one: a network
+        only when the run gives one; a task that asks in a run that gives none is a
+        `TaskError` before any sandbox starts, never run offline."""
+        given = bool(getattr(self, "network", False))
+        if wants and not given:
+            raise TaskError(f"{task}: the task asks for a network {self.no_network_hint}")
+        if given and not wants:
+            return self.model_copy(update={"network": False})
+        return self
+
+
+_KINDS: dict[str, type[SandboxConfigBase]] = {}
+
+
+def register(cls: type[C]) -> type[C]:
+    """Make `cls` a sandbox kind under its `backend` field's one value (a class decorator)."""
+    field = cls.model_fields.get("backend")
+    kinds = get_args(field.annotation) if field else ()
+    if len(kinds) != 1 or field is None or field.default != kinds[0]:
+        raise TypeError(f"{cls.__name__}: backend must be Literal['<kind>'] = '<kind>'")
+    if not isinstance(getattr(cls, "backend_class", None), str):
+        raise TypeError(f"{cls.__name__}: backend_class must name 'module:Class'")
+    kind = kinds[0]
+    if _KINDS.get(kind, cls) is not cls:
+        raise TypeError(f"sandbox kind {kind!r} is already {_KINDS[kind].__name__}")
+    _KINDS[kind] = cls
+    return cls
+
+
+def unregister(kind: str) -> None:
+    """Forget a kind (a test's own backend, once the test is done)."""
+    _KINDS.pop(kind, None)
+
+
+def sandbox_kinds(*, place: Place | None = None, isolated: bool | None = None) -> tuple[str, ...]:
+    """The registered kinds, in registration order, optionally only those with these facts."""
+    return tuple(
+        kind
+        for kind, cls in _KINDS.items()
+        if (place is None or cls.place == place) and (isolated is None or cls.isolated == isolated)
+    )
+
+
+def config_type(kind: str) -> type[SandboxConfigBase]:
+    """The config class of a registered kind (KeyError for an unknown one)."""
+    return _KINDS[kind]
+
+
+class Kinds:
+    """A pydantic type marker: any registered sandbox config (of `place`, when given), chosen
+    by its `backend` field when validated, so a kind registered after a model was defined is
+    read too. Errors read as a discriminated union's (`sandbox.docker.cpus: ...`)."""
+
+    def __init__(self, place: Place | None = None) -> None:
+        self.place = place
+        self._adapter: tuple[tuple[type, ...], TypeAdapter[Any]] | None = None
+
+    def _union(self) -> TypeAdapter[Any]:
+        """The discriminated union of the kinds registered now (rebuilt when they change)."""
+        members = tuple(_KINDS[k] for k in sandbox_kinds(place=self.place))
+        if self._adapter is None or self._adapter[0] != members:
+            union: Any = (
+                members[0]
+                if len(members) == 1
+                else Annotated[Union[members], Field(discriminator="backend")]  # noqa: UP007
+            )
+            self._adapter = (members, TypeAdapter(union))
+        return self._adapter[1]
+
+    def _validate(self, value: Any, info: core_schema.ValidationInfo) -> SandboxConfigBase:
+        if isinstance(value, SandboxConfigBase) and value.backend in sandbox_kinds(
+            place=self.place
+        ):
+            return value
+        config: SandboxConfigBase = self._union().validate_python(value, context=info.context)
+        return config
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.with_info_plain_validator_function(
+            self._validate, serialization=core_schema.simple_ser_schema("any")
+        )
+
+
+_ASKS = "(a Harbor task's [environment] allow_internet = true) and this run gives "
+
+
+class _Common(SandboxConfigBase):
+    """What the host backends (bubblewrap, unsafe-local, Docker) share."""
 
     workdir: str = "/app"
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
@@ -27,10 +198,16 @@ class _Common(BaseModel):
     )
 
 
+@register
 class LocalSandboxConfig(_Common):
     """bubblewrap: namespaces, host root read-only or as a throw-away overlay."""
 
     backend: Literal["local"] = "local"
+    backend_class: ClassVar[str] = "clotho.sandbox.backends:LocalBackend"
+    no_network_hint: ClassVar[str] = (
+        _ASKS + "its sandboxes none: run with --network (as root, the local backend's "
+        "network is guarded: the host's own services stay out of reach)"
+    )
     root: Literal["auto", "overlay", "ro"] = Field(
         "auto", description="overlay needs root; auto picks overlay as root, else ro"
     )
@@ -56,21 +233,48 @@ class LocalSandboxConfig(_Common):
         "v1 host); off: only storage is watched",
     )
 
+    def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:
+        return self.backend_type()(self.state_dir)
 
+    def install_facts(self) -> dict[str, Any]:
+        return {**super().install_facts(), "root": self.root}
+
+
+@register
 class UnsafeLocalSandboxConfig(_Common):
     """Plain processes in a temporary directory on the host. No isolation at all."""
 
     backend: Literal["unsafe-local"] = "unsafe-local"
+    backend_class: ClassVar[str] = "clotho.sandbox.backends:UnsafeLocalBackend"
+    isolated: ClassVar[bool] = False
+
+    def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:
+        return self.backend_type()(self.state_dir)
+
+    @classmethod
+    def listing(cls, state_dir: str | None) -> SandboxConfigBase | None:
+        return None  # its folders look like bubblewrap's: the local backend lists both
+
+    def with_task_network(self, wants: bool, task: str) -> UnsafeLocalSandboxConfig:
+        return self  # the host's own network, whatever anyone says
 
 
 DEFAULT_DOCKER_MEMORY_MB = 4096
 DEFAULT_DOCKER_STORAGE_MB = 10240
 
 
+@register
 class DockerSandboxConfig(_Common):
     """A container per sandbox, driven through the Docker Engine API (extra `docker`)."""
 
     backend: Literal["docker"] = "docker"
+    backend_class: ClassVar[str] = "clotho.sandbox.docker.backend:DockerBackend"
+    sdk: ClassVar[tuple[str, str] | None] = ("aiodocker", "docker")
+    no_network_hint: ClassVar[str] = (
+        _ASKS + "its containers none: Docker's only network here is the host's own, "
+        "unguarded; accept that with --network --set sandbox.host_network=true, or run on the "
+        "local backend with --network (guarded)"
+    )
     image: str = "clotho/base:bookworm"
     network: bool = False
     host_network: bool = Field(
@@ -134,24 +338,24 @@ class DockerSandboxConfig(_Common):
             )
         return self
 
+    def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:
+        return self.backend_type()(self.docker_url or docker_url, state_dir=self.state_dir)
 
-# Backends that place sandboxes beyond this host: their configs (remote_config.py) name a
-# cluster and wrap the models above, so they are imported once those exist.
-from clotho.sandbox.remote_config import (  # noqa: E402
-    ModalSandboxConfig,
-    NomadSandboxConfig,
-    RaySandboxConfig,
-)
+    def backend_key(self, *, docker_url: str | None = None) -> str:
+        return f"docker {self.docker_url or docker_url or ''}"
 
-SandboxConfig = Annotated[
-    LocalSandboxConfig
-    | UnsafeLocalSandboxConfig
-    | DockerSandboxConfig
-    | RaySandboxConfig
-    | ModalSandboxConfig
-    | NomadSandboxConfig,
-    Field(discriminator="backend"),
-]
+    @property
+    def own_root(self) -> bool:
+        return True
+
+    def install_facts(self) -> dict[str, Any]:
+        slots = self.slots_per_container > 1  # an isolated slot's root is read-only
+        return {**super().install_facts(), "image": self.image, "slots": slots}
+
+
+# Any registered sandbox config, read by its `backend` field (the cluster kinds register in
+# remote_config.py, loaded with the package).
+SandboxConfig = Annotated[SandboxConfigBase, Kinds()]
 
 
 def base_env(home: str, extra: dict[str, str]) -> dict[str, str]:

@@ -1,36 +1,35 @@
 """Configs of the backends that place sandboxes beyond this host: Ray, Modal, Nomad.
 
-They are members of the `SandboxConfig` union (`config.py`), kept apart because each names a
-cluster rather than a host. `config.py` imports this module after its own models exist, and
-this module imports those models from it: importing either first works (the package's
-`__init__` loads `config.py` before anything else).
+Registered kinds like the host ones (`config.py`), kept apart because each names a cluster
+rather than a host. This module imports `config.py`, never the other way round; the
+package loads it with the backend contract (`backends.py`), so its kinds are read wherever
+a `SandboxConfig` is.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from clotho.sandbox.config import (
-    DockerSandboxConfig,
-    LocalSandboxConfig,
-    UnsafeLocalSandboxConfig,
-)
+from clotho.sandbox.config import Kinds, LocalSandboxConfig, Place, SandboxConfigBase, register
 
-InnerConfig = Annotated[
-    LocalSandboxConfig | UnsafeLocalSandboxConfig | DockerSandboxConfig,
-    Field(discriminator="backend"),
-]
+if TYPE_CHECKING:
+    from clotho.sandbox.backends import SandboxBackend
+
+# What a Ray node runs: any kind whose sandboxes live on one host.
+InnerConfig = Annotated[SandboxConfigBase, Kinds(place="host")]
 
 
-class RaySandboxConfig(BaseModel):
+@register
+class RaySandboxConfig(SandboxConfigBase):
     """Sandboxes spread over a Ray cluster: one host actor per node runs `inner` sandboxes
     (bubblewrap, Docker) on its node; commands and files go through the actor."""
 
-    model_config = ConfigDict(extra="forbid")
-
     backend: Literal["ray"] = "ray"
+    backend_class: ClassVar[str] = "clotho.sandbox.ray.backend:RayBackend"
+    sdk: ClassVar[tuple[str, str] | None] = ("ray", "ray")
+    place: ClassVar[Place] = "cluster"
     address: str = Field(
         "auto", description="Ray cluster address (`auto`: the cluster this host belongs to)"
     )
@@ -68,13 +67,35 @@ class RaySandboxConfig(BaseModel):
     def state_dir(self) -> str | None:
         return self.inner.state_dir
 
+    def backend_key(self, *, docker_url: str | None = None) -> str:
+        return f"ray {self.address} {self.namespace} {self.inner.backend_key()}"
 
-class ModalSandboxConfig(BaseModel):
+    def parts(self) -> tuple[SandboxConfigBase, ...]:
+        return (self, *self.inner.parts())
+
+    @property
+    def own_root(self) -> bool:
+        return self.inner.own_root
+
+    def install_facts(self) -> dict[str, Any]:
+        return {**super().install_facts(), "inner": self.inner.backend}
+
+    def with_task_network(self, wants: bool, task: str) -> RaySandboxConfig:
+        return self.model_copy(update={"inner": self.inner.with_task_network(wants, task)})
+
+
+@register
+class ModalSandboxConfig(SandboxConfigBase):
     """Modal sandboxes, N slots each, through Modal's async SDK (extra `modal`)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     backend: Literal["modal"] = "modal"
+    backend_class: ClassVar[str] = "clotho.sandbox.remote.modal_backend:ModalBackend"
+    sdk: ClassVar[tuple[str, str] | None] = ("modal", "modal")
+    place: ClassVar[Place] = "cluster"
+    no_network_hint: ClassVar[str] = (
+        "(a Harbor task's [environment] allow_internet = true) and this run gives its "
+        "sandboxes none: --set sandbox.network=true"
+    )
     app_name: str = Field("clotho-sandboxes", description="Modal app the sandboxes belong to")
     image: str | None = Field(
         "python:3.11-slim",
@@ -103,13 +124,24 @@ class ModalSandboxConfig(BaseModel):
     exec_timeout_s: float = Field(600.0, gt=0, description="default per-command limit")
     reuse: bool = Field(True, description="reuse a named live sandbox when its labels match")
 
+    def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:
+        return self.backend_type()()
 
-class NomadSandboxConfig(BaseModel):
+    def backend_key(self, *, docker_url: str | None = None) -> str:
+        return f"modal {self.app_name}"
+
+    def install_facts(self) -> dict[str, Any]:
+        return {**super().install_facts(), "image": self.image}
+
+
+@register
+class NomadSandboxConfig(SandboxConfigBase):
     """A Nomad job per pool: a sandbox server per allocation, N slots each (extra `nomad`)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     backend: Literal["nomad"] = "nomad"
+    backend_class: ClassVar[str] = "clotho.sandbox.remote.nomad_backend:NomadBackend"
+    place: ClassVar[Place] = "cluster"
+    no_network_hint: ClassVar[str] = "and the nomad backend cannot give its sandboxes one"
     address: str = Field("http://127.0.0.1:4646", description="Nomad HTTP API")
     token_env: str = Field("NOMAD_TOKEN", description="environment variable with the ACL token")
     job_id: str = "clotho-sandbox"
@@ -133,3 +165,9 @@ class NomadSandboxConfig(BaseModel):
         30.0, gt=0, description="per request, added to the command's own timeout"
     )
     scale_cooldown_s: float = Field(10.0, ge=0)
+
+    def backend_key(self, *, docker_url: str | None = None) -> str:
+        return f"nomad {self.address} {self.job_id}"
+
+    def install_facts(self) -> dict[str, Any]:
+        return {**super().install_facts(), "image": self.image}

@@ -47,6 +47,7 @@ from pydantic import BaseModel, Field
 
 from clotho.errors import SandboxError, TaskError
 from clotho.sandbox import Sandbox
+from clotho.sandbox.config import SandboxConfigBase
 
 log = logging.getLogger(__name__)
 
@@ -80,27 +81,24 @@ class InstallCacheOptions(BaseModel):
 def sandbox_kind(sandbox: Sandbox) -> str:
     """What the install's result depends on besides the record: the backend and its image
     (and, on Docker, whether slots share a container: an isolated slot's root is read-only,
-    so its installs land elsewhere)."""
-    config = getattr(sandbox, "config", None)
+    so its installs land elsewhere), as its config states them (`install_facts`)."""
+    config = _config(sandbox)
     if config is None:
         return f"unknown:{type(sandbox).__name__}"
-    parts = {
-        "backend": getattr(config, "backend", type(config).__name__),
-        "image": getattr(config, "image", None),
-        "root": getattr(config, "root", None),
-        "slots": (getattr(config, "slots_per_container", 1) or 1) > 1,
-        "inner": getattr(getattr(config, "inner", None), "backend", None),
-    }
-    return json.dumps(parts, sort_keys=True)
+    return json.dumps(config.install_facts(), sort_keys=True)
 
 
 def install_roots(sandbox: Sandbox) -> tuple[str, ...]:
     """A container's own folders may be scanned whole; a local sandbox's `/usr` is the
     host's, which it cannot write anyway."""
+    config = _config(sandbox)
+    return CONTAINER_ROOTS if config is not None and config.own_root else LOCAL_ROOTS
+
+
+def _config(sandbox: Sandbox) -> SandboxConfigBase | None:
+    """The sandbox's config, when it keeps one (not every `Sandbox` does)."""
     config = getattr(sandbox, "config", None)
-    inner = getattr(config, "inner", None)
-    backends = {getattr(config, "backend", None), getattr(inner, "backend", None)}
-    return CONTAINER_ROOTS if "docker" in backends else LOCAL_ROOTS
+    return config if isinstance(config, SandboxConfigBase) else None
 
 
 def install_key(*, source: str, commit: str, install_cmd: str, testbed: str, kind: str) -> str:
