@@ -20,6 +20,7 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from clotho.errors import ConfigError
 from clotho.hosts import host_name, is_loopback
@@ -146,7 +147,8 @@ class ViewGuard:
         origin = headers.get("origin")
         site = headers.get("sec-fetch-site")
         cross = site in ("cross-site", "same-site") and headers.get("sec-fetch-mode") != "navigate"
-        if cross or (origin is not None and origin != f"http://{host}"):
+        # The page's own requests name its own host (behind a proxy: https, same host).
+        if cross or (origin is not None and urlsplit(origin).netloc.lower() != host.lower()):
             return 403, "requests from other web pages are refused\n", []
         if self.token is None:
             return None
