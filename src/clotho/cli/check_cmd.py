@@ -12,26 +12,21 @@ from rich.table import Table
 
 from clotho.cli.running import run_async
 from clotho.runs.check import check_tasks
-from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig, UnsafeLocalSandboxConfig
+from clotho.sandbox.config import config_type, sandbox_kinds
 
 console = Console(stderr=True)
 
 
 def check_command(
     paths: Annotated[list[Path], typer.Argument(help="task directories or folders of them")],
-    sandbox: Annotated[
-        Literal["local", "unsafe-local", "docker"], typer.Option(help="sandbox backend")
+    sandbox: Annotated[  # the kinds registered when typer builds the command
+        Literal[sandbox_kinds(place="host")], typer.Option(help="sandbox backend")
     ] = "local",
     concurrency: Annotated[int, typer.Option(min=1, help="tasks checked at once")] = 4,
 ) -> None:
     """Run each task's reference solution (must pass) and no agent at all (must fail)."""
-    configs = {
-        "local": LocalSandboxConfig,
-        "unsafe-local": UnsafeLocalSandboxConfig,
-        "docker": DockerSandboxConfig,
-    }
     checks, errors = run_async(
-        check_tasks(paths, configs[sandbox](), concurrency), console, interrupted="nothing kept"
+        check_tasks(paths, config_type(sandbox)(), concurrency), console, interrupted="nothing kept"
     )
     table = Table(title="task check")
     for column in ("task", "oracle", "nop", "verdict"):

@@ -41,6 +41,7 @@ from clotho.cli.sft_options import (
 )
 from clotho.env.driver import produce_groups
 from clotho.env.scored import ScoredGroup
+from clotho.sandbox.config import sandbox_kinds
 
 if TYPE_CHECKING:
     from clotho.env.base import Environment
@@ -65,7 +66,8 @@ def process_command(
     group_size: GroupOpt = None,
     tokenizer: TokenizerOpt = None,
     sandbox: Annotated[
-        Literal["local", "docker"] | None, typer.Option(help="sandbox backend (default: local)")
+        Literal[sandbox_kinds(place="host", isolated=True)] | None,  # registered when built
+        typer.Option(help="sandbox backend (default: local)"),
     ] = None,
     slots_per_container: Annotated[
         int | None, typer.Option(min=1, help="docker: sandboxes per container")

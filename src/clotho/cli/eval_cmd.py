@@ -31,6 +31,7 @@ from clotho.errors import UNSCORED_KINDS, ConfigError
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
 from clotho.runs.tracking import require_wandb, track_run
+from clotho.sandbox.config import sandbox_kinds
 
 if TYPE_CHECKING:
     from clotho.chat.tokenizer import TemplateTokenizer
@@ -299,7 +300,7 @@ def eval_command(
         int | None, typer.Option(help="max model turns per attempt (default: 30)")
     ] = None,
     sandbox: Annotated[
-        Literal["local", "unsafe-local", "docker"] | None,
+        Literal[sandbox_kinds(place="host")] | None,  # the kinds registered when it is built
         typer.Option(help="sandbox backend (default: local)"),
     ] = None,
     network: Annotated[

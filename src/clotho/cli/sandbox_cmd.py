@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clotho.sandbox.backends import LocalBackend, SandboxBackend
+from clotho.sandbox.backends import SandboxBackend, make_backend
+from clotho.sandbox.config import LocalSandboxConfig, config_type, sandbox_kinds
 from clotho.sandbox.leases import SLOT_ISOLATION, SLOTS, SandboxRecord, owner_alive
 
 app = typer.Typer(help="List and clean up sandboxes.", no_args_is_help=True)
@@ -31,23 +32,25 @@ RayAddress = Annotated[
 def _backends(
     state_dir: str | None, docker_url: str | None, ray: str | None = None
 ) -> tuple[list[SandboxBackend], str | None]:
-    """The backends to ask: local folders (bubblewrap and unsafe-local alike) and Docker,
-    and with `ray` the same on every node of that cluster."""
-    backends: list[SandboxBackend] = [LocalBackend(state_dir)]
+    """The backends to ask: one for each registered kind that lists its own leftovers on
+    this host (`listing`: local folders, bubblewrap and unsafe-local alike, and Docker), and
+    with `ray` the local folders on every node of that cluster."""
+    backends: list[SandboxBackend] = []
+    problems = []
+    for kind in sandbox_kinds():
+        config = config_type(kind).listing(state_dir)
+        if config is None:
+            continue
+        try:
+            backends.append(make_backend(config, docker_url=docker_url))
+        except ImportError as exc:  # its SDK (an extra) is not installed
+            problems.append(f"{kind}: {exc}")
     if ray:
-        from clotho.sandbox.backends import make_backend
-        from clotho.sandbox.config import LocalSandboxConfig
         from clotho.sandbox.remote_config import RaySandboxConfig
 
         inner = LocalSandboxConfig(state_dir=state_dir)
         backends.append(make_backend(RaySandboxConfig(address=ray, inner=inner)))
-    try:
-        from clotho.sandbox.docker.backend import DockerBackend
-
-        backends.append(DockerBackend(docker_url, state_dir=state_dir))
-    except ImportError as exc:
-        return backends, f"docker: {exc}"
-    return backends, None
+    return backends, "; ".join(problems) or None
 
 
 async def _collect(
@@ -95,7 +98,8 @@ def _age(created: float | str | None) -> str:
 def ls_command(
     state_dir: StateDir = None, docker_url: DockerUrl = None, ray: RayAddress = None
 ) -> None:
-    """List clotho sandboxes (local folders and Docker containers) with their leases."""
+    """List clotho sandboxes (local folders, Docker containers: every kind on this host)
+    with their leases."""
     records, problems = asyncio.run(_list(state_dir, docker_url, ray))
     table = Table()
     for column in (

@@ -11,19 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 from clotho.cli.running import user_errors
+from clotho.sandbox.config import SandboxConfigBase, config_type, sandbox_kinds
 
 app = typer.Typer(help="SWE instances: generate them from a repository.", no_args_is_help=True)
 console = Console()
 
-Backend = Literal["local", "docker"]
 
-
-def _sandbox(backend: Backend, slots: int = 1):
-    from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig
-
-    if backend == "docker":
-        return DockerSandboxConfig(slots_per_container=slots)
-    return LocalSandboxConfig()
+def _sandbox(backend: str) -> SandboxConfigBase:
+    return config_type(backend)()
 
 
 @app.command("generate")
@@ -33,7 +28,10 @@ def generate_command(
     n: Annotated[int, typer.Option(min=1, help="instances wanted")] = 10,
     seed: Annotated[int, typer.Option(help="which bugs are tried, in which order")] = 0,
     max_tries: Annotated[int | None, typer.Option(help="suite runs at most (default: 6 n)")] = None,
-    sandbox: Annotated[Backend, typer.Option(help="where the suite runs")] = "local",
+    sandbox: Annotated[
+        Literal[sandbox_kinds(place="host", isolated=True)],  # registered when it is built
+        typer.Option(help="where the suite runs"),
+    ] = "local",
     repo_field: Annotated[
         str | None,
         typer.Option(help="what the records' `repo` says (default: the repository's path)"),
@@ -72,7 +70,10 @@ def build_examples_command(
 
 
 def swe_bench_command(
-    sandbox: Annotated[Backend, typer.Option(help="sandbox backend")] = "local",
+    sandbox: Annotated[
+        Literal[sandbox_kinds(place="host", isolated=True)],  # registered when it is built
+        typer.Option(help="sandbox backend"),
+    ] = "local",
     instances: Annotated[
         Path | None, typer.Option(help="instance file (default: the bundled toy instances)")
     ] = None,
