@@ -57,8 +57,15 @@ class Scripted:
         return AgentResult(messages=[{"role": "user", "content": ctx.instruction}])
 
 
+def _patient(task: Path) -> Path:
+    """Verifier and agent limits far beyond need: a loaded 2-core machine is no failure."""
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace("timeout_sec = 30.0", "timeout_sec = 600.0"))
+    return task
+
+
 def _task(make_task, name: str, test_sh: str, tests: dict[str, str] | None = None) -> Path:
-    task = make_task(name, test_sh=test_sh, env_files={"Dockerfile": DOCKERFILE})
+    task = _patient(make_task(name, test_sh=test_sh, env_files={"Dockerfile": DOCKERFILE}))
     site = task / "environment" / "site"
     site.mkdir()
     host_site = Path(pytest.__file__).parent.parent
@@ -76,7 +83,7 @@ def _task(make_task, name: str, test_sh: str, tests: dict[str, str] | None = Non
 async def _trial(task_dir: Path, agent: Scripted) -> RolloutOutcome:
     async with SlotPool() as pool:
         outcome = await run_trial(
-            HarborTrial(load_task(task_dir)), agent, DockerSandboxConfig(), pool, timeout_s=240
+            HarborTrial(load_task(task_dir)), agent, DockerSandboxConfig(), pool, timeout_s=1800
         )
         assert pool.stats()["in_use"] == 0
     assert all(code == 0 for code in agent.exits), agent.exits
@@ -239,7 +246,10 @@ ATTACKS = {
     "printf 'import os\\nos._exit(0)\\n' > /usr/lib/python3.11/pytest.py",
     "sitecustomize": f"printf 'import os\\nos._exit(0)\\n' > {SITE}/sitecustomize.py",
     "hand-made .pth": f"echo 'import os; os._exit(0)' > {SITE}/zz.pth",
-    "pytest plugin": _install(PLUGIN),
+    "pytest plugin": f"mkdir -p {SITE}/passall-1.0.dist-info && "
+    f"printf 'def pytest_sessionfinish(session):\\n    session.exitstatus = 0\\n' > {SITE}/passall.py && "
+    f"printf '[pytest11]\\npassall = passall\\n' > {SITE}/passall-1.0.dist-info/entry_points.txt",
+    "pip configuration": "printf '[global]\\nfind-links = /tmp/evil\\n' > /etc/pip.conf",
     "loader preload": "echo /tmp/x.so > /etc/ld.so.preload",
     "runner edited": f"echo 'import os; os._exit(0)' >> {SITE}/_pytest/main.py",
 }
@@ -255,6 +265,7 @@ NAMED = {
     "pytest plugin": "passall-1.0.dist-info/entry_points.txt",
     "loader preload": "/etc/ld.so.preload",
     "runner edited": "_pytest/main.py",
+    "pip configuration": "/etc/pip.conf",
 }
 
 
@@ -325,3 +336,58 @@ async def test_the_runner_reinstalled_by_an_installer_is_not_tamper(make_task) -
     outcome = await _trial(task, Scripted("echo 42 > /app/answer.txt", reinstall))
     assert outcome.error is None, outcome.error
     assert outcome.reward == 1.0
+
+
+@pytest.mark.parametrize(("answer", "reward"), [("42", 1.0), ("41", 0.0)])
+async def test_an_installed_pytest_plugin_is_judged_not_tamper(
+    make_task, answer: str, reward: float
+) -> None:
+    """A plugin installed as pip leaves it (its entry points in a RECORD) is the agent's
+    software, as pytest-json-ctrf is: the tests run with it and still judge the work."""
+    task = _pytest_task(make_task, f"plugin-{answer}")
+    outcome = await _trial(task, Scripted(f"echo {answer} > /app/answer.txt", _install(PLUGIN)))
+    assert outcome.error is None, outcome.error
+    assert outcome.reward == reward
+
+
+SOURCING_DOCKERFILE = DOCKERFILE + (
+    "RUN mkdir -p /root/.local/bin && "
+    "printf 'export PATH=/root/.local/bin:$PATH\\n' > /root/.local/bin/env\n"
+)
+SOURCING_TEST_SH = """\
+mkdir -p /logs/verifier
+source $HOME/.local/bin/env
+if [ "$(cat /app/answer.txt)" = 42 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.parametrize(
+    ("commands", "expected"),
+    [
+        (("echo 42 > /app/answer.txt",), 1.0),
+        (("echo 41 > /app/answer.txt",), 0.0),
+        (
+            (
+                "echo 41 > /app/answer.txt",
+                "printf 'echo 1 > /logs/verifier/reward.txt; exit 0\\n' >> /root/.local/bin/env",
+            ),
+            "tamper",
+        ),
+    ],
+    ids=["honest", "wrong", "forged"],
+)
+async def test_a_file_the_tests_source_is_the_runners(make_task, commands, expected) -> None:
+    """`source $HOME/.local/bin/env` (Terminal-Bench's uv set-up) runs that file in the
+    tests' shell: the agent's edit of it is tamper, and its folder's programs are checked."""
+    name = f"sourcing-{expected}"
+    task = _patient(
+        make_task(name, test_sh=SOURCING_TEST_SH, env_files={"Dockerfile": SOURCING_DOCKERFILE})
+    )
+    (task / "environment" / "site").mkdir()
+    outcome = await _trial(task, Scripted(*commands))
+    if expected == "tamper":
+        assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
+        assert "/root/.local/bin/env" in outcome.error.message
+    else:
+        assert outcome.error is None, outcome.error
+        assert outcome.reward == expected

@@ -51,6 +51,8 @@ BASE_PROGRAMS = (
     "chmod", "stat",  # the verifier's own folder preparation and reward inspection run them
     "readlink",  # the check of where the agent's links land (`check_links`)
     "ldconfig",  # rebuilds the loader's cache before the tests
+    "pip", "pip3", "curl", "apt-get", "apt", "dpkg",  # what test scripts install with
+    *(f"python3.{m}" for m in range(8, 15)),  # `uvx -p 3.13` finds its interpreter on PATH
 )  # fmt: skip
 # Python's start-up hooks: code in them runs inside every test interpreter.
 _SITE_DIRS = (
@@ -63,9 +65,18 @@ ALWAYS_WATCHED = (
     "/etc/ld.so.preload",
     *(f"{d}/{hook}" for d in _SITE_DIRS for hook in ("sitecustomize.py", "usercustomize.py")),
 )
-# The verifier's own environment: no user site-packages the agent could have filled, and
-# Python bytecode only from a folder the harness made afresh (never an agent's __pycache__).
-VERIFIER_ENV = {"PYTHONNOUSERSITE": "1", "PYTHONPYCACHEPREFIX": "/logs/.pycache"}
+# The verifier's own environment: no user site-packages the agent could have filled, Python
+# bytecode only from a folder the harness made afresh (never an agent's __pycache__), and
+# installers' caches of the harness's (a wheel or environment the agent left in ~/.cache is
+# never what the tests' `pip install` or `uvx` run).
+VERIFIER_ENV = {
+    "PYTHONNOUSERSITE": "1",
+    "PYTHONPYCACHEPREFIX": "/logs/.pycache",
+    "PIP_NO_CACHE_DIR": "1",
+    "UV_CACHE_DIR": "/logs/.uv-cache",
+}
+# Words of test.sh that name a file by its path (`source $HOME/.local/bin/env`, `/opt/x/run`).
+_PATH_WORD = re.compile(r"(?<![:\w/.])(?:\$HOME|\$\{HOME\}|~)?/[A-Za-z0-9_.+/-]+")
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _NOT_COMMANDS = {
     "if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
@@ -121,19 +132,26 @@ class ProgramDigests:
     path_dirs: list[str]
     names: list[str]
     digests: dict[str, str | None]
+    files: list[str] = field(default_factory=list)  # named by path in test.sh
     # Host clock when taken: a start-up hook changed after it is the agent's (the sandbox
     # shares the host's clock; nobody in it can set a file's ctime back).
     taken_at: float = field(default_factory=time.time)
 
     @property
     def paths(self) -> list[str]:
-        return [*ALWAYS_WATCHED, *(f"{d}/{n}" for n in self.names for d in self.path_dirs)]
+        programs = (f"{d}/{n}" for n in self.names for d in self.path_dirs)
+        return list(dict.fromkeys([*ALWAYS_WATCHED, *self.files, *programs]))
 
     def changes(self, now: dict[str, str | None]) -> list[str]:
         """What differs: a program that resolved before must resolve to the same file with
         the same content (a new one earlier in PATH shadows it); a program that did not exist
         before may appear (the agent installed it). Preload files must not change at all."""
         found = [f"{p} changed" for p in ALWAYS_WATCHED if now.get(p) != self.digests.get(p)]
+        found += [  # a file test.sh names that existed must stay as it was; a new one may appear
+            f"{p} (named by test.sh) changed"
+            for p in self.files
+            if self.digests.get(p) is not None and now.get(p) != self.digests.get(p)
+        ]
         for name in self.names:
             before = _resolve(self.digests, self.path_dirs, name)
             if before is None:
@@ -181,12 +199,42 @@ def _verifier_path(task: Task) -> list[str]:
     return [d.rstrip("/") for d in path.split(":") if d.startswith("/")]
 
 
+def named_paths(script: str, home: str = "/root") -> tuple[list[str], list[str]]:
+    """(files, bin folders) of the runner that test.sh names by path: a file it sources
+    (`source $HOME/.local/bin/env`: code the tests' shell runs, which may put its folder on
+    PATH) and each `bin` folder it names, searched for the runner's programs. What it runs
+    by path otherwise (`/app/run.sh`) may be the agent's work the tests judge."""
+    files: set[str] = set()
+    folders: set[str] = set()
+
+    def expand(word: str) -> str | None:
+        if not _PATH_WORD.fullmatch(word):
+            return None
+        path = posixpath.normpath(re.sub(r"^(?:\$HOME|\$\{HOME\}|~)", home, word))
+        return path if path.startswith("/") and not path.startswith("//") else None
+
+    for piece in re.split(r"[;&|\n(){}`]|\$\(", script):
+        words = piece.split()
+        if len(words) > 1 and words[0] in ("source", ".") and (path := expand(words[1])):
+            files.add(path)
+        for word in words:
+            if (path := expand(word)) is None:
+                continue
+            for folder in (posixpath.dirname(path), path):
+                if posixpath.basename(folder) == "bin":
+                    folders.add(folder)
+    return sorted(files), sorted(folders)
+
+
 async def program_digests(task: Task, sandbox: Sandbox) -> ProgramDigests:
     """Taken before the agent starts, from outside the sandbox."""
     script = task.tests_dir / "test.sh"
     text = await asyncio.to_thread(script.read_text, errors="replace") if script.is_file() else ""
     names = sorted(set(BASE_PROGRAMS) | named_commands(text))
-    baseline = ProgramDigests(path_dirs=_verifier_path(task), names=names, digests={})
+    files, folders = named_paths(text)
+    dirs = _verifier_path(task)
+    dirs = [*folders, *(d for d in dirs if d not in folders)]  # sourced: ahead on PATH
+    baseline = ProgramDigests(path_dirs=dirs, names=names, digests={}, files=files)
     baseline.digests = await sandbox.digests(baseline.paths)
     return baseline
 
