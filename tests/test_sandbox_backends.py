@@ -207,9 +207,9 @@ async def test_docker_prepare_prebuilt_base_and_missing_images(
         # A prebuilt image present here is used as it is.
         prebuilt = await pool.prepare(base, EnvironmentSpec(name="pre", image=BASE_IMAGE))
         assert (prebuilt.config.image, prebuilt.workspace_in_image) == (BASE_IMAGE, False)
-        # Absent, with nothing to build it from: an error that names it.
+        # Absent, with nothing to build it from (not pullable here): the task's error, named.
         missing = f"clotho-test/absent:{token}"
-        with pytest.raises(SandboxError, match=missing):
+        with pytest.raises(TaskError, match=missing):
             await pool.prepare(base, EnvironmentSpec(name="gone", image=missing))
         # Absent, with a Dockerfile: built.
         context = write_context(tmp_path / "env", f"FROM {BASE_IMAGE}\nRUN echo {token}\n")
