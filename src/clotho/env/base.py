@@ -212,9 +212,7 @@ class Environment(abc.ABC, Generic[Item]):
         config = self.config.model
         if config is not None and config.api != "local":
             for url in config.base_urls:
-                # The probe's HTTP client loads the TLS trust store (~0.1 s of CPU): on a loop
-                # of its own in a worker thread, so this loop never waits for it.
-                await asyncio.to_thread(asyncio.run, probe_endpoint(url, config.api_key_env))
+                await probe_endpoint(url, config.api_key_env)
 
     def _require_pool(self) -> SlotPool:
         if self.pool is None:
