@@ -7,10 +7,15 @@ step's CPU time on the loop's thread and the calls it makes, never the wall cloc
 preflight, the rollouts in real sandboxes, scoring and writing the group, closing. The model
 is a scripted endpoint (tests/scripted_openai.py, a named test double for a hosted model)
 whose replies are long: tokenizing one such conversation takes 150 ms+ of CPU.
+
+`clotho process` is judged the same way through its command line: its coroutine, from building
+the environment to the HTML report of those long groups (0.1 s+ of CPU to render), runs
+under `run_watched` in place of `asyncio.run`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -71,3 +76,34 @@ def test_producing_a_group_tokenizes_it_off_the_loop(tmp_path: Path) -> None:
     assert slow == [], slow
     (line,) = out.read_text().splitlines()
     assert [len(t) > 40_000 for t in json.loads(line)["tokens"]] == [True, True]
+
+
+def test_clotho_process_never_holds_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from clotho.cli.main import app
+
+    slow: list[str] = []
+    # The command's own asyncio.run (clotho.cli.running.run_async), watched.
+    monkeypatch.setattr(asyncio, "run", lambda coro: run_watched(coro, 0.05, slow))
+    with ScriptedOpenAIServer(default=long_answer) as server:
+        for attempt in range(2):
+            slow.clear()
+            out = tmp_path / f"groups{attempt}.jsonl"
+            args = ["process", "terminal_test", "--out", str(out), "--n-groups", "1",
+                    "--group-size", "2", "--model", "m", "--base-url", server.base_url,
+                    "--tokenizer", str(QWEN_DIR), "--set", "max_turns=1",
+                    "--set", "model.max_retries=0"]  # fmt: skip
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code == 0, (result.output, result.exception)
+            blocking = [line for line in slow if "made a blocking call" in line]
+            assert blocking == [], blocking
+            if not slow:
+                break
+    assert slow == [], slow
+    (line,) = out.read_text().splitlines()
+    assert [len(t) > 40_000 for t in json.loads(line)["tokens"]] == [True, True]
+    report = out.with_suffix(".html").read_text()
+    assert "the quick brown fox" in report  # the long groups are in it

@@ -162,7 +162,10 @@ def process_command(
                     print_sft(console, sft_out, await asyncio.to_thread(exporter.commit))
                 else:
                     exporter.abort()
-            write_groups_report(out, out.with_suffix(".html"), environment.stats)
+            # Rendering long groups takes a tenth of a second of CPU and more: in a thread.
+            await asyncio.to_thread(
+                write_groups_report, out, out.with_suffix(".html"), environment.stats
+            )
             if wandb:
                 from clotho.runs.tracking import track_groups
 
