@@ -63,6 +63,7 @@ from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, make_fifos
 from clotho.sandbox.docker.fresh import run_exec
 from clotho.sandbox.docker.limits import LimitWatch, SlotCgroup, container_pids, slot_pids
+from clotho.sandbox.docker.quota import confine
 from clotho.sandbox.docker.slot_layout import (
     REAP_SCRIPT,
     SLOT_ROOT,
@@ -420,6 +421,9 @@ class SlotHost:
             box.container = await self.docker.containers.create(
                 body, name=f"clotho-{secrets.token_hex(6)}"
             )
+            # The writable layer, every slot's folder in it, a file system of the limit's
+            # size (quota.py); the slots share it, and a full one is the limit.
+            await confine(box.container, config.storage_mb or DEFAULT_DOCKER_STORAGE_MB)
             await box.container.start()
         except BaseException as exc:
             await self._delete(box)
