@@ -18,6 +18,7 @@ The browser part is skipped (and said so) when Chromium or Selenium is missing.
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import tempfile
 import threading
@@ -65,13 +66,15 @@ class ViewBench(BaseModel):
 
 
 def _serve(app: Any) -> tuple[Any, threading.Thread, int]:
+    """The app served on a loopback port of its own: the socket is bound here and handed to
+    the server, so no other process can take the port in between."""
     import uvicorn
 
-    from clotho.cli.view_cmd import free_port
-
-    port = free_port("127.0.0.1")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=_run_closing, args=(server, sock), daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
@@ -79,6 +82,13 @@ def _serve(app: Any) -> tuple[Any, threading.Thread, int]:
             raise RuntimeError("the view server did not start")
         time.sleep(0.02)
     return server, thread, port
+
+
+def _run_closing(server: Any, sock: socket.socket) -> None:
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 def _wait(driver: Any, script: str, what: str) -> Any:
