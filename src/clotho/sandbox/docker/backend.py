@@ -469,7 +469,10 @@ class DockerSandbox(ShellBackedSandbox):
             if result.exit_code == 0 and not (left := await self._running_processes()):
                 return
         raise TamperError(
-            f"processes kept running after the agent was stopped: {left or result.stderr!r}"
+            "processes kept running after the agent was stopped: "
+            + repr(
+                left or f"exit code {result.exit_code}: {(result.stdout + result.stderr)[-300:]}"
+            )
         )
 
     async def hold_agent(self) -> int | None:

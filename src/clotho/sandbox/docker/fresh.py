@@ -98,6 +98,17 @@ def _kill_tree(pid: int, container_id: str) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+# The runtime could not start the process at all (runc's own set-up failed: nothing of ours
+# ran, and nothing of the agent's made it fail): tried again a few times.
+_NOT_STARTED = ("OCI runtime exec failed", "error starting setns process")
+_START_TRIES = 5
+
+
+def _not_started(result: ExecResult) -> bool:
+    text = result.stdout[:2000] + result.stderr[:2000]
+    return result.exit_code in (126, 127) and all(mark in text for mark in _NOT_STARTED)
+
+
 async def fresh_exec(
     container: Any,
     argv: list[str],
@@ -109,7 +120,34 @@ async def fresh_exec(
     stdin: bytes | None = None,
     max_output_bytes: int = 1 << 20,
 ) -> ExecResult:
-    """Run `argv` as a new process of the container (see the module docstring)."""
+    """Run `argv` as a new process of the container (see the module docstring). An exec the
+    runtime failed to start (`_NOT_STARTED`) is tried again; still failing, a SandboxError
+    (the harness's trouble, never read as the process's exit)."""
+    for attempt in range(_START_TRIES):
+        result = await _fresh_exec_once(
+            container, argv, env=env, timeout=timeout, cwd=cwd, user=user, stdin=stdin,
+            max_output_bytes=max_output_bytes,
+        )  # fmt: skip
+        if not _not_started(result):
+            return result
+        await asyncio.sleep(0.1 * 2**attempt)
+    raise SandboxError(
+        "the container runtime cannot start a process in the container: "
+        + (result.stdout + result.stderr).strip()[:300]
+    )
+
+
+async def _fresh_exec_once(
+    container: Any,
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    timeout: float,
+    cwd: str | None,
+    user: str,
+    stdin: bytes | None,
+    max_output_bytes: int,
+) -> ExecResult:
     from aiodocker.exceptions import DockerError
 
     start = time.monotonic()
