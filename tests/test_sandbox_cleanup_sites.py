@@ -9,9 +9,12 @@ the call site leaves nothing, and that a link in the tree is removed, never foll
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shutil
+import stat
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from tests.sandbox_fixtures import requires_bwrap
 from clotho.sandbox import open_sandbox
 from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox.ray.payload import pack, unpack
 from clotho.sandbox.ray.payload import remove_tree as remove_payload_tree
 from clotho.sandbox.transfer import XferDir
 
@@ -28,8 +32,8 @@ DEPTH = 5000
 DOWNLOAD_DEPTH = 1400
 """Levels of two-character names: deeper than a host path can name (PATH_MAX 4096 is reached
 near 1,340), so unpacking fails with about 1,340 levels made, past what `shutil.rmtree`
-could remove. No deeper: tarfile's `data` filter resolves every member's whole path, which
-costs the cube of the depth (2,500 levels took over 6 minutes on a loaded host)."""
+could remove. (The unpacking costs in proportion to the tar's size; with tarfile's `data`
+filter it cost the cube of the depth: 1,400 levels took 170-280 s on a loaded host.)"""
 AGENT_WORK = 300.0  # thousands of journalled mkdirs on a loaded disk
 
 
@@ -149,3 +153,83 @@ async def test_a_failed_download_of_a_deep_tree_leaves_nothing_on_the_host(
     finally:
         await sb.close()
         force_remove(local)
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b"x",
+           mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:  # fmt: skip
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, link, mode
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    return info, data
+
+
+async def test_untar_out_keeps_every_way_out_out(tmp_path: Path, outside: Path) -> None:
+    """What tarfile's `data` filter kept out, judged by names and link texts alone: names
+    leading out, absolute or escaping links (a `..` behind a link made just before
+    included), hard links to anything but a file of the tar, devices, FIFOs, a member
+    under a link (never followed), setuid bits; what stays inside is unpacked."""
+    up = os.path.relpath(outside / "keep", tmp_path / "got")
+    members = [
+        member("ok/f", data=b"inside"),
+        member("/abs", data=b"slash stripped"),
+        member("../escaped"),
+        member("ok/../../escaped2"),
+        member("here", tarfile.SYMTYPE, "."),
+        member("via", tarfile.SYMTYPE, "here/.."),  # lexically ".", really the parent
+        member("up", tarfile.SYMTYPE, up),
+        member("absl", tarfile.SYMTYPE, str(outside / "keep")),
+        member("ok/rel", tarfile.SYMTYPE, "../ok/f"),
+        member("ok/deep", tarfile.SYMTYPE, "../../outside/keep"),
+        member("ok/out", tarfile.SYMTYPE, str(outside)),
+        member("ok/self", tarfile.SYMTYPE, "."),  # inside: kept, but never followed
+        member("ok/self/planted", data=b"through a link"),
+        member("hard", tarfile.LNKTYPE, "ok/f"),
+        member("hardout", tarfile.LNKTYPE, "../outside/keep"),
+        member("fifo", tarfile.FIFOTYPE),
+        member("dev", tarfile.CHRTYPE),
+        member("suid", data=b"#!/bin/sh", mode=0o4777),
+    ]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    folder = tmp_path / "xfer"
+    folder.mkdir()
+    (folder / "t.tar").write_bytes(buffer.getvalue())
+    xfer = XferDir(folder)
+    got = tmp_path / "got"
+    try:
+        await xfer.untar_out("t.tar", got, 1 << 20, "t")
+    finally:
+        xfer.close()
+    assert sorted(os.listdir(got)) == ["abs", "hard", "here", "ok", "suid"]
+    assert sorted(os.listdir(got / "ok")) == ["f", "rel", "self"]
+    assert (got / "ok" / "rel").read_bytes() == b"inside"
+    assert (got / "hard").read_bytes() == b"inside" and (got / "hard").stat().st_nlink == 2
+    assert (got / "abs").read_bytes() == b"slash stripped"
+    assert stat.S_IMODE((got / "suid").stat().st_mode) == 0o755
+    assert sorted(os.listdir(tmp_path)) == ["got", "outside", "xfer"]
+    assert os.listdir(outside) == ["keep"]
+
+
+PACK_DEPTH = 1200  # past tarfile.add's RecursionError (~1,000), short of PATH_MAX here
+
+
+async def test_a_ray_payload_of_a_deep_tree_packs_and_unpacks(tmp_path: Path) -> None:
+    """`tar.add` recursed once per level: a deep tree failed to pack (RecursionError)."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        make_deep(fd, "tree", depth=PACK_DEPTH)
+    finally:
+        os.close(fd)
+    back = tmp_path / "back"
+    try:
+        kind, data = await pack(tmp_path / "tree")
+        assert kind == "tar"
+        await unpack((kind, data), back)
+        bottom = back.joinpath(*["d"] * PACK_DEPTH)
+        os.chmod(bottom / "shut", 0o700)
+        assert (bottom / "shut" / "f").read_text() == "x"
+    finally:
+        await remove_payload_tree(back)
+        await remove_payload_tree(tmp_path / "tree")
