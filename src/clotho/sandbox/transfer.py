@@ -209,7 +209,7 @@ class XferDir:
                 os.fdopen(self._create(name), "wb") as file,
                 tarfile.open(fileobj=file, mode="w", format=tarfile.PAX_FORMAT) as tar,
             ):
-                tar.add(source, arcname=".")
+                add_tree(tar, str(source))
 
         await asyncio.to_thread(pack)
 
@@ -252,6 +252,20 @@ class XferDir:
             await asyncio.to_thread(_unlink_at, self.fd, name)
         else:
             _unlink_at(self.fd, name)
+
+
+def add_tree(tar: tarfile.TarFile, top: str) -> None:
+    """`tar.add(top, arcname=".")` without its recursion (one Python frame per level: a
+    RecursionError past ~1,000 levels): the same members in the same order (depth first,
+    names sorted), links as links. A tree deeper than a host path can name fails with
+    ENAMETOOLONG."""
+    stack = [(top, ".")]
+    while stack:
+        name, arcname = stack.pop()
+        tar.add(name, arcname=arcname, recursive=False)
+        if os.path.isdir(name) and not os.path.islink(name):
+            for child in sorted(os.listdir(name), reverse=True):
+                stack.append((os.path.join(name, child), os.path.join(arcname, child)))
 
 
 PATH_MAX = 4096  # a host path at least this long names nothing (ENAMETOOLONG)

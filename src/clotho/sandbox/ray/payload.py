@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import pickle
 import tarfile
 from pathlib import Path
 from typing import Any, Literal
 
-from clotho.sandbox.transfer import BIG_FILE, remove_host_tree, unpack_tar
+from clotho.sandbox.transfer import BIG_FILE, add_tree, remove_host_tree, unpack_tar
 
 Kind = Literal["file", "tar"]
 OUT_OF_BAND_ABOVE = 512 << 10  # below, a value travels inline with its call anyway
@@ -73,23 +72,9 @@ def _pack(path: Path) -> Payload:
     if path.is_dir():
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
-            _add_tree(tar, str(path))
+            add_tree(tar, str(path))
         return "tar", buffer.getvalue()
     return "file", path.read_bytes()
-
-
-def _add_tree(tar: tarfile.TarFile, top: str) -> None:
-    """`tar.add(top, arcname=".")` without its recursion (one Python frame per level: a
-    RecursionError past ~1,000 levels): the same members in the same order (depth first,
-    names sorted), links as links. A tree deeper than a host path can name fails with
-    ENAMETOOLONG."""
-    stack = [(top, ".")]
-    while stack:
-        name, arcname = stack.pop()
-        tar.add(name, arcname=arcname, recursive=False)
-        if os.path.isdir(name) and not os.path.islink(name):
-            for child in sorted(os.listdir(name), reverse=True):
-                stack.append((os.path.join(name, child), os.path.join(arcname, child)))
 
 
 def _unpack(payload: Payload, target: Path) -> None:
