@@ -223,14 +223,18 @@ class LocalSandboxConfig(_Common):
     storage_mb: int | None = Field(
         None,
         gt=0,
-        description="disk written (overlay upper layer, workspace, transfers) and largest "
-        f"file; beyond it the sandbox is killed; None: the task's, else {DEFAULT_LOCAL_STORAGE_MB}",
+        description="disk written (overlay upper layer, workspace, transfers), its files "
+        "(one inode per 16 KB) and the largest file: the state folder is a file system of "
+        "this size, so a write past it fails with ENOSPC and a command after which it is full "
+        "ends the sandbox as `limit`; where loop devices cannot be used (not root) the size "
+        "is watched, the sandbox killed past it, and files are not counted (said at run "
+        f"time); None: the task's, else {DEFAULT_LOCAL_STORAGE_MB}",
     )
     cpus: float | None = Field(None, gt=0, description="CPU quota; None: the task's, else none")
     cgroup_limits: bool = Field(
         True,
         description="enforce memory, process and CPU limits in cgroups (needs root on a cgroup "
-        "v1 host); off: only storage is watched",
+        "v1 host); off: only storage is limited",
     )
 
     def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:
@@ -293,11 +297,17 @@ class DockerSandboxConfig(_Common):
     storage_mb: int | None = Field(
         None,
         gt=0,
-        description="the container's writable layer, watched (no storage driver quota here): "
-        f"past it the container is killed; None: the task's, else {DEFAULT_DOCKER_STORAGE_MB}",
+        description="the container's writable layer, shared by its slots: a file system of "
+        "this size and a matching inode count (a local daemon with overlay2, the harness "
+        "root), so a write past it fails with ENOSPC and a command after which it is full is "
+        "`limit`; elsewhere its size is watched and the container killed past it (said at run "
+        f"time); None: the task's, else {DEFAULT_DOCKER_STORAGE_MB}",
     )
     storage_check_s: float = Field(
-        2.0, gt=0, description="how often the writable layer's size is checked while commands run"
+        2.0,
+        gt=0,
+        description="how often the writable layer's size is checked while commands run, "
+        "where the disk limit is watched rather than enforced",
     )
     docker_url: str | None = Field(
         None, description="Engine API address (default: DOCKER_HOST or the unix socket)"
@@ -315,14 +325,20 @@ class DockerSandboxConfig(_Common):
         ge=1,
         le=256,
         description="sandboxes (slots) one container hosts, each with its own workspace and "
-        "shell; 1: a container per sandbox. Limits (cpus, memory, pids) are per container",
+        "shell; 1: a container per sandbox. pids_limit is shared out, each slot a part (its "
+        "own pids cgroup where the host allows, else RLIMIT_NPROC per isolated slot); cpus, "
+        "memory and storage_mb are the container's, shared by its slots: an OOM kill is the "
+        "`limit` of the slot whose process died; a full disk ends the container, `limit` for "
+        "the slot holding the most of it, an infrastructure error for its neighbours",
     )
     slot_isolation: Literal["auto", "bwrap", "none"] = Field(
         "auto",
-        description="with several slots per container: bwrap runs each slot in bubblewrap "
-        "under its own uid (its workdir, /tmp and HOME private; needs bwrap and setpriv in "
-        "the image and a relaxed seccomp profile on the container); none: slots are "
-        "directories under /slots that can see each other; auto: bwrap when it works",
+        description="with several slots per container: auto and bwrap run each slot in "
+        "bubblewrap under its own uid (its workdir, /tmp and HOME private; needs bwrap, "
+        "setpriv and prlimit in the image and a relaxed seccomp profile on the container); "
+        "where bubblewrap does not work in the image, opening a slot is a configuration "
+        "error, never a fallback; none: slots are directories under /slots that see and "
+        "change each other's files, only when asked by name",
     )
 
     @model_validator(mode="after")
