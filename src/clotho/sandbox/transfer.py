@@ -400,7 +400,8 @@ def unpack_tar(tar: tarfile.TarFile, members: list[tarfile.TarInfo], target: Pat
     time from `target` without following a link: work in proportion to the archive's size.
     (The `data` filter resolves every member's whole path on the host: the cube of a deep
     tree's depth, over 6 minutes for 2,500 levels.) A name the host could not use as a path
-    (PATH_MAX) fails the unpacking with ENAMETOOLONG."""
+    (PATH_MAX) fails the unpacking with ENAMETOOLONG. Files keep their times; folders' modes
+    are ignored, as the `data` filter ignores them."""
     root = os.open(target, _DIR_FLAGS)
     folders = _Folders(root)
     room = PATH_MAX - len(os.fsencode(str(target))) - 1
