@@ -100,7 +100,7 @@ async def test_verifier_timeout_is_a_verifier_error(make_task) -> None:
 
 @requires_bwrap
 async def test_verifier_env_and_workdir(make_task) -> None:
-    script = 'mkdir -p /logs/verifier; [ "$PWD" = /tests ] && [ "$MODE" = strict ] && echo 1 > /logs/verifier/reward.txt\n'
+    script = 'mkdir -p /logs/verifier; [ "$PWD" = /app ] && [ "$MODE" = strict ] && echo 1 > /logs/verifier/reward.txt\n'
     task = load_task(make_task(test_sh=script, toml_extra='[verifier.env]\nMODE = "strict"\n'))
     async with await open_sandbox(LocalSandboxConfig()) as sandbox:
         outcome = await run_verifier(task, sandbox)

@@ -11,7 +11,7 @@ the sandbox that shares only its network (`Sandbox.verification_twin`) and the a
 processes serve them; otherwise they are ended and the tests run in place. Either way the
 reward folder and `/tests` are made afresh (a link the agent planted is removed, never
 followed), links landing there are refused, the tests run in a fresh process with a clean,
-pinned environment in /tests, whatever they started is stopped, and the reward is read only
+pinned environment in the workdir, whatever they started is stopped, and the reward is read only
 from a regular file, with a size cap. A reward that is missing, unreadable or outside the
 task's range is a `VerifierError`, never 0.
 """
@@ -372,7 +372,7 @@ async def check_runner(
             hooks = await _fresh(sandbox, script, "look for changed Python start-up hooks")
             found = [f"{path} (a .pth with import lines) changed" for path in hooks.splitlines()]
         else:
-            review = runner_rules.review(changes)
+            review = runner_rules.review(changes, sandbox.workdir)
             found = review.tampered or await runner_rules.inspect(sandbox, review, _fresh_in)
     if found:
         raise TamperError(
@@ -537,7 +537,8 @@ async def _judge(
     before_tests: Callable[[], Awaitable[None]] | None = None,
 ) -> VerifierOutcome:
     """Prepare /tests and the reward folder in `world`, refuse planted links, run the tests
-    there (in /tests, with the pinned environment) and read the one reward."""
+    there (in the workdir, as Harbor does, with the pinned environment) and read the one
+    reward."""
     tests = await asyncio.to_thread(_tests_tar, task)
     await _fresh(world, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
     await check_links(world, baseline, changes)
@@ -547,7 +548,7 @@ async def _judge(
         f"exec 2>&1; exec bash {TESTS_MOUNT}/test.sh",
         timeout=timeout_s,
         env={**VERIFIER_ENV, **task.config.verifier.env},
-        cwd=TESTS_MOUNT,
+        cwd=world.workdir,  # Harbor's: the image's WORKDIR (tests use relative paths)
     )
     await world.stop_agent()  # whatever the tests started (the agent's code among it)
     output = (result.stdout + result.stderr)[-_OUTPUT_TAIL:]

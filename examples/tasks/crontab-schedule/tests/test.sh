@@ -1,5 +1,5 @@
 #!/bin/bash
-# Verifier: runs in /tests after the agent finished. Always leaves exactly
+# Verifier: runs with cwd /app after the agent finished. Always leaves exactly
 # one number in /logs/verifier/reward.txt: 1 if every check passes, else 0.
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt

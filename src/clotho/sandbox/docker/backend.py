@@ -67,6 +67,7 @@ from clotho.sandbox.docker.rootfs import host_digests
 from clotho.sandbox.docker.twin import (
     HOLD_CONTAINER,
     RELEASE_CONTAINER,
+    live_binds,
     parse_hold,
     remove_snapshot,
     snapshot,
@@ -127,9 +128,11 @@ def container_body(
     labels: dict[str, str],
     lease_s: float,
     network_of: str | None = None,
+    binds: list[str] | None = None,
 ) -> dict[str, Any]:
     """The create request; `network_of`: share that container's network namespace (a
-    verification twin reaching the agent's services), nothing else of it."""
+    verification twin reaching the agent's services), nothing else of it; `binds`: host
+    folders to mount."""
     network = "host" if config.network and config.host_network else "none"
     host: dict[str, Any] = {
         # The host's network only when accepted by name (a config copied without validation
@@ -137,6 +140,8 @@ def container_body(
         "NetworkMode": f"container:{network_of}" if network_of else network,
         "Init": config.init,
     }
+    if binds:
+        host["Binds"] = list(binds)
     if config.cpus:
         host["NanoCpus"] = int(config.cpus * 1e9)
     memory = (config.memory_mb or DEFAULT_DOCKER_MEMORY_MB) * 1024 * 1024
@@ -287,6 +292,7 @@ class DockerSandbox(ShellBackedSandbox):
         images: ImageFactsCache,
         lease_s: float = DEFAULT_LEASE_S,
         network_of: str | None = None,
+        binds: list[str] | None = None,
     ) -> DockerSandbox:
         """A container of its own (`DockerBackend.open` is the way in: it owns `docker`)."""
         exit_cleanup.register("docker", docker_url=client_url(docker))
@@ -294,13 +300,16 @@ class DockerSandbox(ShellBackedSandbox):
         container = None
         io_dir: Path | None = None
         try:
-            body = container_body(config, labels, lease_s, network_of)
+            body = container_body(config, labels, lease_s, network_of, binds)
             if config.stdio == "fifo" and getattr(docker.connector, "path", None):
                 io_dir = make_state_dir(config.state_dir, {**labels, DOCKER_IO: "1"}, lease_s)
                 make_fifos(io_dir)
                 # Read-only: the shell opens its FIFOs (writable on a read-only mount) and reads uploads
                 # the host puts there; it can store nothing outside its own disk quota.
-                body["HostConfig"]["Binds"] = [f"{io_dir}:{FIFO_MOUNT}:ro"]
+                body["HostConfig"]["Binds"] = [
+                    *body["HostConfig"].get("Binds", []),
+                    f"{io_dir}:{FIFO_MOUNT}:ro",
+                ]
                 shell = None
                 if not (await images.get(config.image)).entrypoint:
                     container, shell = await cls._main_shell(docker, body, config, io_dir)
@@ -516,12 +525,13 @@ class DockerSandbox(ShellBackedSandbox):
         if self._closed:
             raise SandboxError("the sandbox is closed")
         labels = {**self.labels, "clotho.twin-of": self.id[:12]}
+        binds = await asyncio.to_thread(live_binds, await self.container.show())
         image = await snapshot(self.container, {LABEL: "1", "clotho.snapshot": "1"})
         config = self.config.model_copy(update={"image": image, "slots_per_container": 1})
         try:
             twin = await DockerSandbox.create(
                 config, labels, docker=self._docker, images=ImageFactsCache(self._docker),
-                network_of=self.id,
+                network_of=self.id, binds=binds,
             )  # fmt: skip
         except BaseException:
             await remove_snapshot(self._docker, image)

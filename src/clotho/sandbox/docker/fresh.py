@@ -131,10 +131,12 @@ async def fresh_exec(
         if not _not_started(result):
             return result
         await asyncio.sleep(0.1 * 2**attempt)
-    raise SandboxError(
+    error = SandboxError(
         "the container runtime cannot start a process in the container: "
         + (result.stdout + result.stderr).strip()[:300]
     )
+    error.host_failure = True  # runc's own set-up: nothing the agent did (infra, retried)
+    raise error
 
 
 async def _fresh_exec_once(

@@ -9,15 +9,19 @@ committed to an image (a snapshot of exactly what was checked), and the tests ru
 container from that image that shares only the agent's network namespace. The agent's
 processes are then continued and serve over the shared loopback, but they cannot see, write
 or signal anything of the twin: its file system is the snapshot plus the harness's /tests
-and reward folder, its processes live in another pid namespace, its IPC is its own.
+and reward folder, its processes live in another pid namespace, its IPC is its own. One
+folder is the agent's, live (`LIVE_FOLDERS`): /var/log, where services write what tests read
+about them (nginx's access log); nothing the runner executes lives there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import secrets
+import stat
 from typing import Any
 
 from clotho.errors import SandboxError
@@ -58,6 +62,33 @@ echo "main=$main held=$held running=$running"
 """
 # Continue what `HOLD_CONTAINER` stopped (everything but pid 1 and the caller).
 RELEASE_CONTAINER = "kill -s CONT -- -1 2>/dev/null; true\n"
+
+# The agent's folders the twin sees live, not as the snapshot: services' logs.
+LIVE_FOLDERS = ("/var/log",)
+
+
+def live_binds(info: dict[str, Any]) -> list[str]:
+    """Binds of `LIVE_FOLDERS` from the held container's merged view on this host (a local
+    daemon), each only when every step of its path there is a real folder, not a link the
+    agent planted (it is held: nothing changes until the twin has started)."""
+    merged = ((info.get("GraphDriver") or {}).get("Data") or {}).get("MergedDir")
+    if not merged or not os.path.isdir(merged):
+        return []
+    binds = []
+    for folder in LIVE_FOLDERS:
+        path, real = merged, True
+        for part in folder.strip("/").split("/"):
+            path = f"{path}/{part}"
+            try:
+                real = stat.S_ISDIR(os.lstat(path).st_mode)
+            except OSError:
+                real = False
+            if not real:
+                break
+        if real:
+            binds.append(f"{path}:{folder}")
+    return binds
+
 
 _HELD = re.compile(r"main=(\d*) held=(\d+) running=(\d+)")
 
