@@ -18,6 +18,8 @@ command -v busybox >/dev/null 2>&1 || missing+=(busybox-static)
 # services (the trajectory API on loopback) out of reach.
 command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+# The model gateway's relay inside a sandbox falls back to node where an image lacks python3.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
 # clotho view's browser test: headless Chromium driven through Debian's chromedriver.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
