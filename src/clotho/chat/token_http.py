@@ -6,13 +6,24 @@ the sampled token's logprob, `return_token_ids` the ids (`return_tokens_as_token
 tokens `token_id:N` in the logprobs, for servers older than `return_token_ids`). SGLang:
 `input_ids`, `return_logprob`, and `meta_info.output_token_logprobs` as
 `[logprob, token_id, text]` triples. A stop id is sampled and kept, as the model produced it.
+
+The model's context is read once, at the first turn, when `max_context_tokens` is unset:
+`GET /v1/models` gives `max_model_len` per served model on vLLM, on SGLang (whose
+`/get_model_info` has no length) and on `clotho serve-model`. With it the conversation ends as
+the agent's `token_limit` before the server would refuse it; a server that does not say leaves
+the budget unset.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
+import os
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
+
+import httpx
 
 from clotho.chat.client import EndpointClient, ModelConfig
 from clotho.chat.http import MalformedResponse
@@ -20,9 +31,98 @@ from clotho.chat.tokens import FinishReason, Generation, TokenSampling
 
 TokenApi = Literal["vllm", "sglang"]
 
+MODELS_REPLY_BYTES = 1 << 20
+"""A model list is a few hundred bytes per model: more is not read."""
+CONTEXT_READ_TIMEOUT_S = 30.0
+
+
+class ContextLength(NamedTuple):
+    """The model's context in tokens as its server reports it (None: it does not say), and
+    where it was read or why there is none, for the log."""
+
+    tokens: int | None
+    source: str
+
 
 class _HttpTokenClient(EndpointClient):
     path: str
+    models_path: str  # the model list, relative to base_url
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        api_key: str | None = None,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(config, api_key=api_key, environ=environ)
+        if api_key is None and config.api_key_env:
+            api_key = (environ if environ is not None else os.environ).get(config.api_key_env)
+        self._api_key = api_key
+
+    async def read_context_length(self) -> ContextLength:
+        """`max_model_len` of the served model from each endpoint's model list (the smallest,
+        if they differ). Never raises: a server that cannot say gives `tokens=None`."""
+        headers = {"Accept-Encoding": "identity"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        timeout = min(self.config.timeout_s, CONTEXT_READ_TIMEOUT_S)
+        # Making a client loads the TLS trust store: in a worker thread, off the loop.
+        http = await asyncio.to_thread(httpx.AsyncClient, headers=headers, timeout=timeout)
+        async with http:
+            readings = await asyncio.gather(
+                *(
+                    self._read_one(http, f"{url}/{self.models_path}", timeout)
+                    for url in self.config.base_urls
+                )
+            )
+        known = [r for r in readings if r.tokens is not None]
+        if not known:
+            return ContextLength(None, "; ".join(r.source for r in readings))
+        least = min(known, key=lambda r: r.tokens or 0)
+        unknown = [r.source for r in readings if r.tokens is None]
+        return ContextLength(least.tokens, "; ".join([least.source, *unknown]))
+
+    async def _read_one(self, http: httpx.AsyncClient, url: str, timeout: float) -> ContextLength:
+        try:
+            async with asyncio.timeout(timeout), http.stream("GET", url) as response:
+                if response.status_code != 200:
+                    return ContextLength(None, f"GET {url}: HTTP {response.status_code}")
+                encoding = response.headers.get("content-encoding", "").strip().lower()
+                if encoding not in ("", "identity"):
+                    return ContextLength(None, f"GET {url}: an encoding not asked for")
+                body = bytearray()
+                async for chunk in response.aiter_raw():
+                    body += chunk
+                    if len(body) > MODELS_REPLY_BYTES:
+                        return ContextLength(None, f"GET {url}: over {MODELS_REPLY_BYTES} bytes")
+        except (httpx.HTTPError, TimeoutError) as exc:
+            return ContextLength(None, f"GET {url}: {type(exc).__name__}: {exc}")
+        try:
+            data = json.loads(bytes(body))
+        except ValueError:
+            return ContextLength(None, f"GET {url}: not JSON")
+        return self._context_in(data, url)
+
+    def _context_in(self, data: Any, url: str) -> ContextLength:
+        """The served model's `max_model_len` in an OpenAI-style model list: the entry named
+        `config.model`, or the only one (SGLang ignores the name)."""
+        entries = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
+            return ContextLength(None, f"GET {url}: no model list")
+        cards = [e for e in entries if isinstance(e, dict)]
+        mine = [c for c in cards if c.get("id") == self.config.model] or (
+            cards if len(cards) == 1 else []
+        )
+        if not mine:
+            names = [c.get("id") for c in cards]
+            return ContextLength(None, f"GET {url}: no model {self.config.model!r} in {names}")
+        value = mine[0].get("max_model_len")
+        if not _is_int(value) or value <= 0:
+            return ContextLength(
+                None, f"GET {url}: model {mine[0].get('id')!r} has no max_model_len"
+            )
+        return ContextLength(value, f"max_model_len of {mine[0].get('id')!r} from GET {url}")
 
     def build_body(self, prompt_ids: Sequence[int], sampling: TokenSampling) -> dict[str, Any]:
         raise NotImplementedError
@@ -42,6 +142,7 @@ class VllmTokenClient(_HttpTokenClient):
     """vLLM: `POST {base_url}/completions` with token-id prompts (base_url ends in `/v1`)."""
 
     path = "completions"
+    models_path = "models"
 
     def build_body(self, prompt_ids: Sequence[int], sampling: TokenSampling) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -75,6 +176,7 @@ class SglangTokenClient(_HttpTokenClient):
     """SGLang: `POST {base_url}/generate` with `input_ids` (base_url is the server root)."""
 
     path = "generate"
+    models_path = "v1/models"
 
     def build_body(self, prompt_ids: Sequence[int], sampling: TokenSampling) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -124,6 +226,10 @@ def _generation(ids: Any, logprobs: list[float], reason: Any) -> Generation:
     if reason not in ("stop", "length", "eos", None):
         raise MalformedResponse(f"unknown finish reason {reason!r}")
     return Generation(token_ids=ids, logprobs=logprobs, finish_reason=finish)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _logprob(value: Any) -> float:

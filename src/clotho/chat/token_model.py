@@ -6,15 +6,21 @@ parser name). Each rollout gets a `TokenChatSession` from `session()`: it keeps 
 `ModelTurn`: the ledger decodes the ids, reasoning is split off, and the parser reads the
 tool calls client-side. Calls the parser could not read are handed to the loop as invalid
 calls, so the model is told what was wrong, and the other calls of the turn still run.
+
+The context budget is `max_context_tokens`; unset, it is read once from a client that can
+tell (`read_context_length`: vLLM, SGLang, `clotho serve-model`), so a conversation that fills
+the context ends as the agent's `token_limit` before the server refuses it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from clotho.chat.ledger import OnBreak, TokenLedger, TokenSequence, stop_token_ids
 from clotho.chat.parsers import ToolCallParser, get_parser
@@ -24,6 +30,17 @@ from clotho.chat.tokens import TokenClient, TokenSampling
 from clotho.chat.tool_prompt import renders_tools, tools_text, with_tools_text
 from clotho.chat.types import InvalidToolCall, ModelTurn, ToolCall, Usage
 from clotho.errors import AgentLimit
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ContextReader(Protocol):
+    """A token client that can ask its server for the model's context length."""
+
+    async def read_context_length(self) -> tuple[int | None, str]:
+        """(tokens or None, where it was read or why not); never raises."""
+        ...
 
 
 class ContextFull(AgentLimit):
@@ -50,6 +67,9 @@ class TokenModel:
     tools_in_system: bool = field(init=False)
     # The text of each stop id, to cut it off the decoded turn without decoding again.
     stop_texts: dict[int, str] = field(init=False)
+    # max_context_tokens unset and a client that can read it: read at the first turn.
+    _context_unread: bool = field(init=False)
+    _context_lock: asyncio.Lock = field(init=False)
 
     def __post_init__(self) -> None:
         self.template_kwargs = dict(self.template_kwargs)
@@ -59,6 +79,36 @@ class TokenModel:
         get_parser(self.tool_parser)  # an unknown format fails now, not in the first rollout
         self.tools_in_system = not renders_tools(self.tokenizer, self.template_kwargs)
         self.stop_texts = {i: self.tokenizer.decode([i]) for i in self.sampling.stop_token_ids}
+        self._context_unread = self.max_context_tokens is None and isinstance(
+            self.client, ContextReader
+        )
+        self._context_lock = asyncio.Lock()
+
+    async def context_budget(self) -> int | None:
+        """The context a conversation must fit: `max_context_tokens`, else the server's,
+        asked once for all rollouts (said once in the log, found or not)."""
+        if self._context_unread:
+            async with self._context_lock:
+                client = self.client
+                if self._context_unread and isinstance(client, ContextReader):
+                    tokens, source = await client.read_context_length()
+                    self.max_context_tokens = tokens
+                    self._context_unread = False
+                    if tokens is not None:
+                        log.info(
+                            "model context: %d tokens (%s); a conversation that fills it "
+                            "ends as token_limit",
+                            tokens,
+                            source,
+                        )
+                    else:
+                        log.warning(
+                            "the model server does not say the model's context (%s): set "
+                            "model.max_context_tokens so a full context ends as token_limit "
+                            "before the server refuses it",
+                            source,
+                        )
+        return self.max_context_tokens
 
     def session(self) -> TokenChatSession:
         """A fresh ledger and parser for one rollout."""
@@ -100,12 +150,11 @@ class TokenChatSession:
             ledger, parser = self.ledger, self._parser
         prompt = ledger.prompt(self._prepared(messages))
         sampling = model.sampling
-        if model.max_context_tokens is not None:
-            room = model.max_context_tokens - len(prompt)
+        context = await model.context_budget()
+        if context is not None:
+            room = context - len(prompt)
             if room <= 0:
-                raise ContextFull(
-                    f"the prompt has {len(prompt)} tokens, the context {model.max_context_tokens}"
-                )
+                raise ContextFull(f"the prompt has {len(prompt)} tokens, the context {context}")
             if room < sampling.max_tokens:
                 sampling = sampling.model_copy(update={"max_tokens": room})
         started = time.perf_counter()

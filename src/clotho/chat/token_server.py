@@ -11,6 +11,8 @@ clotho's own `SglangTokenClient`. The shapes follow SGLang (`GenerateReqInput` a
                return_logprob) as [[logprob, token_id, null], ...]}}, a list for a batch.
 
 `finish_reason` is `{"type": "stop", "matched": <stop id>}` or `{"type": "length", "length": n}`.
+`GET /v1/models` lists the one served model as vLLM and SGLang do, with its context as
+`max_model_len` (the client's `n_ctx` unless given), so clients hold a conversation to it.
 As with SGLang started with `--skip-tokenizer-init`, there is no "text" (this server has no
 tokenizer): send `input_ids`, not `text`, and stop ids rather than stop strings. The sampled
 stop id is the last output id. Logprobs are whatever the client returns; the embedded model's
@@ -92,14 +94,20 @@ def build_app(
     model_path: str = "",
     token: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_model_len: int | None = None,
 ) -> Starlette:
-    """The ASGI app serving `client`: `POST /generate`, `GET /health`, `GET /get_model_info`.
+    """The ASGI app serving `client`: `POST /generate`, `GET /health`, `GET /get_model_info`,
+    `GET /v1/models`.
 
     `stop_token_ids` are the model's own end-of-turn ids, added to each request's unless it
     sets `ignore_eos` (as SGLang adds the model's eos ids). With `token`, requests must carry
-    it as a Bearer token; without, only loopback host names are answered.
+    it as a Bearer token; without, only loopback host names are answered. `max_model_len` is
+    the context `/v1/models` reports: by default the client's `n_ctx` (the embedded model's),
+    else null (not known).
     """
     default_stops = [int(i) for i in stop_token_ids]
+    context = max_model_len if max_model_len is not None else _context_of(client)
+    created = int(time.time())
 
     async def generate(request: Request) -> Response:
         try:
@@ -125,12 +133,31 @@ def build_app(
     async def model_info(_: Request) -> Response:
         return JSONResponse({"model_path": model_path, "is_generation": True})
 
+    async def models(_: Request) -> Response:
+        card = {
+            "id": model_path or "default",
+            "object": "model",
+            "created": created,
+            "owned_by": "clotho",
+            "root": model_path or "default",
+            "parent": None,
+            "max_model_len": context,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
     routes = [
         Route("/generate", generate, methods=["POST", "PUT"]),
         Route("/health", health, methods=["GET"]),
         Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
     ]
     return Starlette(routes=routes, middleware=[Middleware(TokenGuard, token=token)])
+
+
+def _context_of(client: TokenClient) -> int | None:
+    """The context of a client that knows it (the embedded model's `n_ctx`)."""
+    n_ctx = getattr(client, "n_ctx", None)
+    return n_ctx if _is_int(n_ctx) and n_ctx > 0 else None
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -403,6 +430,7 @@ def serve(
     token: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     sock: socket.socket | None = None,
+    max_model_len: int | None = None,
 ) -> None:
     """Serve `client` in the foreground until interrupted (port 30000 is SGLang's default).
 
@@ -416,6 +444,7 @@ def serve(
         model_path=model_path,
         token=token,
         max_request_bytes=max_request_bytes,
+        max_model_len=max_model_len,
     )
     config = uvicorn.Config(app, log_level=log_level, lifespan="off")
     try:
