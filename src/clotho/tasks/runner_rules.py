@@ -10,8 +10,8 @@ and fixed by the programs themselves, not by the agent's spelling of a file:
   shared libraries of the system library folders the image had;
 - each Python interpreter's standard library (`lib/python3.N/` outside its site folders),
   its `python3N.zip`, the start-up hooks every interpreter imports (`sitecustomize`,
-  `usercustomize`, anywhere) and `/etc/python3*`; bytecode is never read from the
-  agent's `__pycache__` folders (the tests run with a private `PYTHONPYCACHEPREFIX`);
+  `usercustomize`, anywhere) and `/etc/python3*`; the bytecode the agent left in those
+  folders is removed before the tests (`bytecode`: derived, compiled again from source);
 - pytest's configuration above /tests (`/` is the only folder above it: its ini files and
   `conftest.py`), plugins installed where pytest loads them by entry point, and the test
   runner's own packages (pytest, pluggy and what they import) in any site folder: each file
@@ -141,9 +141,20 @@ def review(changes: list[PathChange], workdir: str = "/app") -> RunnerReview:
     return result
 
 
+def bytecode(changes: list[PathChange]) -> list[str]:
+    """The compiled files the agent left in a Python installation's folders: derived data,
+    removed before the tests (Python compiles their sources again), never trusted: a `.pyc`
+    whose header matches an untouched source would otherwise run instead of it."""
+    return [
+        c.path
+        for c in changes
+        if c.kind != "removed" and c.path.endswith(".pyc") and _PY_LIB.match(c.path)
+    ]
+
+
 def _review_python(rest: str, path: str, kind: str, result: RunnerReview) -> None:
     if "__pycache__" in rest.split("/"):
-        return  # never read by the tests' interpreters (PYTHONPYCACHEPREFIX)
+        return  # removed before the tests (`bytecode`): Python compiles their sources again
     if _SITE.match(rest):
         inside = rest.split("/", 1)[1] if "/" in rest else ""
         if not inside:

@@ -65,13 +65,11 @@ ALWAYS_WATCHED = (
     "/etc/ld.so.preload",
     *(f"{d}/{hook}" for d in _SITE_DIRS for hook in ("sitecustomize.py", "usercustomize.py")),
 )
-# The verifier's own environment: no user site-packages the agent could have filled, Python
-# bytecode only from a folder the harness made afresh (never an agent's __pycache__), and
+# The verifier's own environment: no user site-packages the agent could have filled, and
 # installers' caches of the harness's (a wheel or environment the agent left in ~/.cache is
 # never what the tests' `pip install` or `uvx` run).
 VERIFIER_ENV = {
     "PYTHONNOUSERSITE": "1",
-    "PYTHONPYCACHEPREFIX": "/logs/.pycache",
     "PIP_NO_CACHE_DIR": "1",
     "UV_CACHE_DIR": "/logs/.uv-cache",
 }
@@ -99,6 +97,12 @@ tar -x --no-same-owner -C {TESTS_MOUNT}
 chmod -R a+rX {TESTS_MOUNT} {LOGS_DIR}
 # The loader's cache is derived: rebuilt from its (checked) configuration, never the agent's.
 if command -v ldconfig >/dev/null 2>&1; then ldconfig 2>/dev/null || true; fi
+"""
+# Remove the NUL-separated files named on stdin (regular files or links, never a folder).
+_REMOVE = """while IFS= read -r -d '' p; do
+  if [ -L "$p" ] || [ -f "$p" ]; then rm -f -- "$p"; fi
+done
+true
 """
 # Which reward file is there, and what it is: nothing is read yet.
 _INSPECT = f"""for name in reward.json reward.txt; do
@@ -540,6 +544,9 @@ async def _judge(
     there (in the workdir, as Harbor does, with the pinned environment) and read the one
     reward."""
     tests = await asyncio.to_thread(_tests_tar, task)
+    if compiled := runner_rules.bytecode(changes or []):  # derived: compiled again
+        stdin = b"".join(p.encode(errors="surrogateescape") + b"\0" for p in compiled)
+        await _fresh(world, _REMOVE, "remove the agent's Python bytecode", stdin=stdin)
     await _fresh(world, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
     await check_links(world, baseline, changes)
     if before_tests is not None:

@@ -32,7 +32,8 @@ _COMMIT_TIMEOUT_S = 600.0
 # Freeze every process of the container but pid 1 (docker-init), the container's main process
 # (pid 1's oldest child, the harness's shell) and the caller, with `kill -STOP -1` in rounds
 # until none is left running (a fork racing the signal is caught by the next round); bash or
-# sh builtins only. Prints how many it holds (stopped, not killed: they may serve the tests).
+# sh builtins only. Prints how many of the agent's it holds (stopped, not killed: they may
+# serve the tests): the main process's own children (the session shell) are not counted.
 HOLD_CONTAINER = r"""
 self=$$; main=
 read -r c1 < /proc/1/comm
@@ -54,6 +55,9 @@ while [ $round -lt 100 ] && [ $running -gt 0 ]; do
     case $p in 1|"$self"|"$main") continue ;; esac
     read -r line < "$d/stat" 2>/dev/null || continue
     set -- ${line##*) }
+    if [ -n "$main" ] && [ "$2" = "$main" ]; then  # the harness's session shell: stopped,
+      case $1 in T|t|Z|X) ;; *) running=$((running + 1)) ;; esac; continue  # not counted
+    fi
     case $1 in Z|X) ;; T|t) held=$((held + 1)) ;; *) running=$((running + 1)) ;; esac
   done
   round=$((round + 1))
