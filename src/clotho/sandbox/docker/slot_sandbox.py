@@ -45,7 +45,13 @@ from clotho.sandbox.docker.slot_layout import (
     SlotLayout,
     container_path,
 )
-from clotho.sandbox.transfer import BIG_FILE, IS_DIR_EXIT, NOT_FOUND_EXIT, read_host_file
+from clotho.sandbox.transfer import (
+    BIG_FILE,
+    IS_DIR_EXIT,
+    NOT_FOUND_EXIT,
+    read_host_file,
+    unpack_tar,
+)
 
 # Exit codes of the read check: the path is not a regular file; it is over the size cap.
 _NOT_REGULAR_EXIT, _TOO_BIG_EXIT = 82, 83
@@ -64,9 +70,10 @@ def _tree_tar(local: Path, name: str, uid: int) -> bytes:
 def _extract_one(archive: bytes, top: str, local: Path) -> None:
     """Unpack the slot's tar of `top` and move it to `local` (nothing else lands there)."""
     with tempfile.TemporaryDirectory(dir=local.parent) as tmp:
+        (Path(tmp) / "u").mkdir()
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(tmp, filter="data")
-        shutil.move(Path(tmp) / top, local)
+            unpack_tar(tar, tar.getmembers(), Path(tmp) / "u")  # linear in the tree's depth
+        shutil.move(Path(tmp) / "u" / top, local)
 
 
 def _unwrap(wrapped: Path, name: str, top: str, local: Path, max_bytes: int) -> None:
@@ -81,9 +88,10 @@ def _unwrap(wrapped: Path, name: str, top: str, local: Path, max_bytes: int) -> 
                 raise OSError(errno.EFBIG, f"the download is larger than {max_bytes} bytes")
             source = outer.extractfile(member)
             assert source is not None
-            with tarfile.open(fileobj=source, mode="r|") as tree:
-                tree.extractall(tmp, filter="data")
-        shutil.move(Path(tmp) / top, local)
+            (Path(tmp) / "u").mkdir()
+            with tarfile.open(fileobj=source, mode="r:") as tree:
+                unpack_tar(tree, tree.getmembers(), Path(tmp) / "u")
+        shutil.move(Path(tmp) / "u" / top, local)
 
 
 def _bytes_tar(name: str, data: bytes, uid: int) -> bytes:
