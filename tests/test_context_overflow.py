@@ -54,6 +54,10 @@ OVERFLOWS = {
             n_ctx=4096,
         ),
     ),
+    "clotho serve-model": (
+        400,
+        error("the prompt has 5000 tokens: it does not fit the context of 4096 tokens with room"),
+    ),
     "tgi": (
         422,
         json.dumps(

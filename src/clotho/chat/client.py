@@ -65,7 +65,10 @@ class ModelConfig(BaseModel):
         "into several training sequences (split) or fails the rollout (error)",
     )
     max_context_tokens: int | None = Field(
-        None, gt=0, description="token APIs: the model's context; a full context ends the run"
+        None,
+        gt=0,
+        description="token APIs: the model's context; a full context ends the run as "
+        "token_limit. Unset: the server's max_model_len (GET /v1/models), read once",
     )
     base_url: str | list[str] = "http://127.0.0.1:8000/v1"
     api_key_env: str | None = Field(

@@ -25,6 +25,7 @@ _OVERFLOW = re.compile(
             r"context (?:size|window) (?:exceeded|is full)",
             r"prompt is too long",
             r"inputs` tokens \+ `max_new_tokens` must be",  # TGI
+            r"does not fit the context of",  # clotho serve-model (the embedded model)
         ]
     ),
     re.IGNORECASE,
