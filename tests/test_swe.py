@@ -528,3 +528,17 @@ async def test_a_patch_that_reaches_into_the_test_runner_is_tamper(options: SweO
     assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
     assert f"{module}: import _pytest.reports as _reports" in outcome.error.message
     assert outcome.reward is None and not outcome.passed
+
+
+@requires_bwrap
+async def test_a_link_into_the_harness_folder_is_tamper(options: SweOptions) -> None:
+    """The SWE harness writes its files (the pristine .git, the runner, the reports) into
+    its own folder after the agent: a link of the agent's landing there is tamper."""
+    trial = trials(options)[0]
+    plant = "ln -s /tmp/clotho-swe/out /testbed/harness_out"
+    async with SlotPool() as pool:
+        outcome = await run_trial(trial, Script(plant), LocalSandboxConfig(), pool)
+        honest = await run_trial(trial, Script("true"), LocalSandboxConfig(), pool)
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
+    assert "/testbed/harness_out -> /tmp/clotho-swe/out" in outcome.error.message
+    assert honest.error is None and honest.reward == 0.0, honest.error

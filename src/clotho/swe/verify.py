@@ -33,7 +33,7 @@ from clotho.swe.log_parsers import OUTCOME, get_parser
 from clotho.swe.repos import patch_files
 from clotho.swe.runner import TestCase, outcomes, parse_junit, runner_files
 from clotho.swe.specs import ResolvedSpec, registry
-from clotho.tasks.verify import ProgramDigests, stop_and_check
+from clotho.tasks.verify import ProgramDigests, check_links, stop_and_check
 
 WORK = "/tmp/clotho-swe"
 JUNIT_MAX_BYTES = 32 << 20
@@ -384,10 +384,12 @@ async def verify_instance(
     """The instance's verdict on what the agent left at the testbed (module docstring)."""
     testbed = options.testbed
     spec = registry(options.specs_files).resolve(instance)
-    await stop_and_check(sandbox, baseline)
+    changes = await stop_and_check(sandbox, baseline)
     payload = await asyncio.to_thread(harness_tar, instance, snapshot, restore_list(instance))
     await _fresh(sandbox, _prepare_script(), "prepare the verifier's folder", stdin=payload)
     await _fresh(sandbox, _restore_script(testbed), "restore the test files", timeout=600.0)
+    # A link of the agent's landing in the harness's folder would read its files as the code's.
+    await check_links(sandbox, baseline, changes, roots=(WORK,), fresh=(WORK,))
     diff = await _read_capped(sandbox, f"{WORK}/out/agent.diff", DIFF_MAX_BYTES) or ""
     if reach := runner_reach(diff, instance.repo):
         raise TamperError(

@@ -84,6 +84,13 @@ class RunnerReview:
     inspect: list[tuple[str, str]] = field(default_factory=list)
 
 
+def _module(name: str) -> bool:
+    """Whether a folder entry named `name` is importable as one of the runner's packages
+    (`pytest`, `pytest.py`, `pytest.pyc`, `_pytest.cpython-311-x86_64-linux-gnu.so`...)."""
+    stem = re.sub(r"(?:\.py[cw]?|(?:\.[^.]+)?\.so)$", "", name)
+    return stem in RUNNER_PACKAGES and "." not in stem
+
+
 def _parents(changes: list[PathChange]) -> set[str]:
     """Folders listed because something under them changed (overlay copies them up)."""
     found: set[str] = set()
@@ -106,13 +113,7 @@ def review(changes: list[PathChange], workdir: str = "/app") -> RunnerReview:
         if kind == "changed" and path in folders:
             continue  # a folder copied up for what changed inside it: judged by those
         base = posixpath.basename(path)
-        if (
-            posixpath.dirname(path) == workdir
-            and kind != "removed"
-            and (
-                base.removesuffix(".py") in RUNNER_PACKAGES or base.split(".")[0] in RUNNER_PACKAGES
-            )
-        ):
+        if posixpath.dirname(path) == workdir and kind != "removed" and _module(base):
             result.tampered.append(
                 f"{path} (named like the test runner, in the tests' working directory) {kind}"
             )
@@ -164,7 +165,7 @@ def _review_python(rest: str, path: str, kind: str, result: RunnerReview) -> Non
                 result.tampered.append(f"{path} (the test runner's own package) removed")
             return
         top = inside.split("/", 1)[0]
-        if top.removesuffix(".py") in RUNNER_PACKAGES or top.split(".")[0] in RUNNER_PACKAGES:
+        if _module(top):
             result.inspect.append(("runner", path))
         elif "/" not in inside and inside.endswith(".pth"):
             result.inspect.append(("pth", path))

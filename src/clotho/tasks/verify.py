@@ -407,7 +407,7 @@ _LAND = r"""land() {
     t=$(readlink -- "$1" 2>/dev/null) || t=
     case $t in /*) ;; *) t=${1%/*}/$t ;; esac
   fi
-  case $t in *"/tests"*|*"/logs"*|*"/solution"*) printf '%s\0%s\0' "$1" "$t" ;; esac
+  case $t in @LANDINGS@) printf '%s\0%s\0' "$1" "$t" ;; esac
 }
 """
 _LANDINGS = (
@@ -452,11 +452,11 @@ def _under(path: str, roots: Sequence[str]) -> str | None:
     return None
 
 
-def _link_candidates(changes: list[PathChange]) -> bytes:
+def _link_candidates(changes: list[PathChange], fresh: Sequence[str] = _FRESH_ROOTS) -> bytes:
     """What to resolve: each changed path that is (or may be) a link, and each folder added
     whole (the top-most ones) to search for links under it, unless the backend already
     listed its entries with their types. The fresh folders hold only the harness's files."""
-    present = [c for c in changes if c.kind != "removed" and not _under(c.path, _FRESH_ROOTS)]
+    present = [c for c in changes if c.kind != "removed" and not _under(c.path, fresh)]
     items: list[str] = [f"L{c.path}" for c in present if c.link is not False]
     searched: list[str] = []
     for change in sorted(present, key=lambda c: c.path):
@@ -466,15 +466,17 @@ def _link_candidates(changes: list[PathChange]) -> bytes:
     return b"".join(item.encode(errors="surrogateescape") + b"\0" for item in items)
 
 
-def _planted(output: str) -> list[str]:
+def _planted(
+    output: str, roots: Sequence[str] = HARNESS_ROOTS, fresh: Sequence[str] = _FRESH_ROOTS
+) -> list[str]:
     """The links (of the landing script's output) that land where the harness writes."""
     fields = output.split("\0")
     found: list[str] = []
     for link, resolved in zip(fields[0::2], fields[1::2], strict=False):
-        if _under(link, _FRESH_ROOTS):
+        if _under(link, fresh):
             continue
         landing = posixpath.normpath(resolved)
-        root = _under(landing, HARNESS_ROOTS)
+        root = _under(landing, roots)
         if root is None or (root == "/solution" and _under(link, ("/solution",))):
             continue  # a link inside the oracle's /solution to its own files is its own
         found.append(f"{link} -> {landing}")
@@ -485,24 +487,30 @@ async def check_links(
     sandbox: Sandbox,
     baseline: ProgramDigests | None,
     changes: list[PathChange] | None,
+    roots: Sequence[str] = HARNESS_ROOTS,
+    fresh: Sequence[str] = _FRESH_ROOTS,
 ) -> None:
-    """Refuse (`TamperError`) a link the agent left that lands in /tests, /logs or /solution:
-    the tests would compare the harness's own files with themselves (a workspace file linked
-    to the expected output passes). Run after `_PREPARE` (the targets exist), before the
-    tests. Judged on the backend's list of changed paths; when it cannot tell (None), on a
-    `find` of every link in the sandbox (see `_FALLBACK_FIND`). `sandbox` may be the
-    twin of the one whose `changes` these are: its file system is their snapshot."""
+    """Refuse (`TamperError`) a link the agent left that lands in /tests, /logs or /solution
+    (`roots`: where the harness writes after the agent; `fresh`: those it made afresh, whose
+    links are its own): the tests would compare the harness's own files with themselves (a
+    workspace file linked to the expected output passes). Run after the harness made its
+    folders (the targets exist), before the tests. Judged on the backend's list of changed
+    paths; when it cannot tell (None), on a `find` of every link in the sandbox (see
+    `_FALLBACK_FIND`). `sandbox` may be the twin of the one whose `changes` these are: its
+    file system is their snapshot."""
+    pattern = "|".join(f"*{shlex.quote(root)}*" for root in roots)
     if changes is None:
         newer = f"-newerct @{int(baseline.taken_at) - 1}" if baseline is not None else ""
-        roots = " ".join(shlex.quote(r) for r in (sandbox.workdir, *FALLBACK_ROOTS))
-        script, stdin = _FALLBACK_FIND.format(roots=roots, newer=newer), None
+        places = " ".join(shlex.quote(r) for r in (sandbox.workdir, *FALLBACK_ROOTS))
+        script, stdin = _FALLBACK_FIND.format(roots=places, newer=newer), None
     else:
-        stdin = _link_candidates(changes)
+        stdin = _link_candidates(changes, fresh)
         if not stdin:
             return  # no link among the changes (the backend saw every type): nothing to run
         script = _LANDINGS
+    script = script.replace("@LANDINGS@", pattern)
     output = await _fresh(sandbox, script, "resolve the agent's links", stdin=stdin)
-    if planted := _planted(output):
+    if planted := _planted(output, roots, fresh):
         raise TamperError(
             "links the agent left land where the harness writes after it ("
             + "; ".join(planted[:10])
