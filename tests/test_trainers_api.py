@@ -458,9 +458,10 @@ async def test_latest_example_and_reset_leave_a_working_server(rig: Rig) -> None
         latest = (await http.get("/latest_example")).json()
         assert latest["tokens"][0][0] == 42 and latest["env_id"] == 0 and len(latest) == 14
 
-        refused = await http.get("/reset_data")  # without a token any web page could send it
-        assert refused.status_code == 405 and "use POST /reset_data" in refused.text
-        assert (await http.post("/reset_data")).text == "Reset successful"
+        page = await http.get("/reset_data", headers={"Sec-Fetch-Site": "cross-site"})
+        assert page.status_code == 403  # a web page's image tag: refused, nothing reset
+        assert (await http.get("/latest_example")).json()["tokens"][0][0] == 42
+        assert (await http.get("/reset_data")).text == "Reset successful"  # Atropos' tools
         assert (await http.get("/info")).json() == {"batch_size": -1, "max_token_len": -1}
         assert (await http.get("/status")).json() == {"current_step": 0, "queue_size": 0}
         assert (await http.get("/wandb_info")).json() == {"group": None, "project": None}
