@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -391,6 +392,35 @@ async def test_an_images_entrypoint_still_runs(docker: Any, tmp_path: Path) -> N
             assert (await inspect(docker, sb))["Config"]["Cmd"] == ["sleep", "infinity"]
         finally:
             await sb.close()
+    finally:
+        await docker.images.delete(tag, force=True)
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "why"),
+    [
+        ('ENTRYPOINT ["false"]\n', "exited at once (exit code 1)"),
+        ("USER nobody\n", "runs as USER nobody"),
+    ],
+    ids=["entrypoint-false", "user-nobody"],
+)
+async def test_an_image_that_cannot_run_the_shell_is_the_tasks_error(
+    docker: Any, tmp_path: Path, dockerfile: str, why: str
+) -> None:
+    """A container the image's own ENTRYPOINT ends, or an image whose USER is not root, is
+    the task's error (`task`: not retried, not an infrastructure failure), saying why, and
+    leaves no container behind."""
+    from clotho.errors import TaskError
+    from clotho.sandbox.docker.images import build_image
+
+    (tmp_path / "Dockerfile").write_text(f"FROM clotho/base:bookworm\n{dockerfile}")
+    tag = await build_image(docker, tmp_path, f"clotho-test/unfit:{secrets.token_hex(4)}")
+    try:
+        with pytest.raises(TaskError, match=re.escape(why)) as caught:
+            await open_sandbox(DockerSandboxConfig(image=tag))
+        assert caught.value.kind == "task"
+        left = await docker.containers.list(all=True, filters={"ancestor": [tag]})
+        assert left == []
     finally:
         await docker.images.delete(tag, force=True)
 

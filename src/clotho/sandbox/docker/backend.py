@@ -226,6 +226,27 @@ def _upper_changes(driver: dict[str, Any]) -> list[PathChange] | None:
     return found
 
 
+async def _image_at_fault(docker: Any, container: Any, image: str) -> str | None:
+    """Why the task's image, not the harness, kept clotho's shell from starting, if it did:
+    a container its own ENTRYPOINT/CMD ended at once (not an OOM kill), or an image whose
+    USER is not root (the shell's FIFOs are root's). None when it does not look that way."""
+    from aiodocker.exceptions import DockerError
+
+    try:
+        state = (await container.show()).get("State") or {}
+        user = str(((await docker.images.inspect(image)).get("Config") or {}).get("User") or "")
+    except DockerError:
+        return None
+    if not state.get("Running") and not state.get("OOMKilled") and state.get("ExitCode"):
+        return (
+            f"the container of {image} exited at once (exit code {state.get('ExitCode')}): "
+            "its ENTRYPOINT or command does not keep running clotho's shell"
+        )
+    if user and user.split(":")[0] not in ("root", "0"):
+        return f"{image} runs as USER {user}: clotho's shell needs the image's root user"
+    return None
+
+
 def _tar_of(local: Path, arcname: str) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -330,11 +351,16 @@ class DockerSandbox(ShellBackedSandbox):
             sandbox = cls(config, docker, container, shell, labels)
             sandbox.io_dir = io_dir
             await sandbox.limits.start()
-        except BaseException:
+        except BaseException as exc:
+            cause = None
+            if isinstance(exc, SandboxError) and container is not None:
+                cause = await _image_at_fault(docker, container, config.image)
             if container is not None:
                 await delete_container(container)
             if io_dir is not None:
                 remove_state_dir(io_dir)
+            if cause is not None:
+                raise TaskError(f"{cause} ({exc})") from exc
             raise
         return sandbox
 
