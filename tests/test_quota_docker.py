@@ -25,6 +25,13 @@ from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker import quota as docker_quota
 from clotho.sandbox.docker.limits import LimitWatch
 
+
+@pytest.fixture(autouse=True)
+def _docker_quota_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The containers' own file systems are opt-in (docker/quota.py): these tests judge them."""
+    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "1")
+
+
 pytestmark = [
     requires_docker,
     pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable())),

@@ -70,7 +70,7 @@ def test_a_linked_trials_folder_stays_out_of_the_report(tmp_path: Path) -> None:
 
 def test_a_linked_trials_folder_stays_out_of_the_live_viewer(tmp_path: Path) -> None:
     run, _ = linked_trials(tmp_path)
-    client = TestClient(create_app(discover([run])))
+    client = TestClient(create_app(discover([run])), base_url="http://127.0.0.1")
     body = client.get("/api/run/0/trial/0").text
     assert client.get("/api/run/0/trials").json()["total"] == 3
     assert SECRET not in body

@@ -25,6 +25,13 @@ from clotho.sandbox.docker.slots import SlotHost
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
 
+
+@pytest.fixture
+def docker_quota_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The containers' own file systems are opt-in (docker/quota.py): these tests judge them."""
+    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "1")
+
+
 pytestmark = requires_docker
 
 ALLOCATE = "python3 -c 'x = bytearray({mb} << 20); print(len(x))'"
@@ -66,6 +73,7 @@ async def test_a_fork_bomb_is_contained() -> None:
         assert len(top["Processes"]) <= 64  # contained by the container's cgroup
 
 
+@pytest.mark.usefixtures("docker_quota_on")
 async def test_disk_past_the_limit_is_a_limit_failure() -> None:
     config = DockerSandboxConfig(storage_mb=40, storage_check_s=0.3)
     async with await open_sandbox(config) as sb:
@@ -94,6 +102,7 @@ def image_blocks(layer: Path) -> int:
         view.rmdir()
 
 
+@pytest.mark.usefixtures("docker_quota_on")
 @pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable()))
 async def test_fallocate_past_the_quota_is_refused_and_the_host_gives_no_more() -> None:
     """Six 400 MB `fallocate`s against 500 MB: the second is refused in the container, the
@@ -109,6 +118,7 @@ async def test_fallocate_past_the_quota_is_refused_and_the_host_gives_no_more() 
         assert image_blocks(layer) <= size
 
 
+@pytest.mark.usefixtures("docker_quota_on")
 @pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable()))
 async def test_empty_files_past_the_inode_limit_are_a_limit_failure() -> None:
     """200,000 empty files against 500 MB (32,000 inodes): refused, and a limit."""

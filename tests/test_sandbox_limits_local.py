@@ -487,10 +487,12 @@ async def test_a_start_cancelled_while_its_disk_is_mounted_leaves_nothing(
     """`SandboxLimits.make` mounts in a thread; cancelled meanwhile, it waits for the thread
     and removes the cgroups and the mount it made."""
     entered = threading.Event()
+    cancelled = threading.Event()  # the mount goes on only once the start was cancelled
     real = quota.Disk.mount_over
 
     def mount_over(*args: object, **kwargs: object) -> quota.Disk:
         entered.set()
+        cancelled.wait(PATIENCE_S)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(quota.Disk, "mount_over", mount_over)
@@ -499,7 +501,8 @@ async def test_a_start_cancelled_while_its_disk_is_mounted_leaves_nothing(
         config = LocalSandboxConfig(state_dir=str(tmp_path / "state"), storage_mb=64)
         task = asyncio.create_task(limits.SandboxLimits.make(config, state, ("freezer",)))
         assert await wait_until(entered.is_set)
-        task.cancel()
+        task.cancel()  # cancels the shielded wait at once; the thread goes on only after
+        cancelled.set()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert mounted_under(state) == []

@@ -24,6 +24,13 @@ from clotho.sandbox.docker.slots import SlotHost
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # slot_host
 
+
+@pytest.fixture(autouse=True)
+def _docker_quota_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The containers' own file systems are opt-in (docker/quota.py): these tests judge them."""
+    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "1")
+
+
 pytestmark = [
     requires_docker,
     pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable())),

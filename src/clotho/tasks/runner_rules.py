@@ -24,6 +24,9 @@ and fixed by the programs themselves, not by the agent's spelling of a file:
 - where the installers a test script runs fetch from: pip's and uv's configuration, curl's
   and wget's, apt's (a package's own new apt configuration is dpkg's).
 
+A virtual environment the agent made (its `pyvenv.cfg` is new) is the agent's work, judged
+like its programs when the tests run it; the image's interpreters are the runner.
+
 A change there is `tamper`. Three kinds of file are judged on their content: a `.pth` in a
 site folder with a code line (which `site` runs in every interpreter), an `entry_points.txt`
 declaring `pytest11` plugins (loaded into every pytest) and a file of the runner's own
@@ -108,10 +111,19 @@ def review(changes: list[PathChange], workdir: str = "/app") -> RunnerReview:
     result = RunnerReview()
     folders = _parents(changes)
     workdir = posixpath.normpath(workdir)
+    # Virtual environments the agent made: their interpreters are its work (judged when the
+    # tests run them, as its programs are), not the image's runner.
+    venvs = tuple(
+        posixpath.dirname(c.path) + "/"
+        for c in changes
+        if c.kind == "added" and posixpath.basename(c.path) == "pyvenv.cfg"
+    )
     for change in changes:
         path, kind = change.path, change.kind
         if kind == "changed" and path in folders:
             continue  # a folder copied up for what changed inside it: judged by those
+        if venvs and path.startswith(venvs):
+            continue
         base = posixpath.basename(path)
         if posixpath.dirname(path) == workdir and kind != "removed" and _module(base):
             result.tampered.append(

@@ -12,6 +12,11 @@ fails in the container with ENOSPC. `docker rm` empties the folder, meets the mo
 This needs the daemon's files on this host (a local daemon), the overlay2 driver and root;
 where any is missing, `confine` says once why and returns None, and the caller watches the
 layer's size instead.
+
+It is off unless `CLOTHO_DOCKER_QUOTA=1`: on this machine, while many confined containers
+came and went, `docker exec` into some containers failed for minutes with runc's "error
+starting setns process: fork/exec /proc/self/exe: no such file or directory" (a verification
+that cannot start is infra, but it is lost work), and the cause is not found yet.
 """
 
 from __future__ import annotations
@@ -70,8 +75,8 @@ async def confine(container: Any, storage_mb: int) -> quota.Disk | None:
     `storage_mb`, its inode limit to match; None (said once) where that cannot be done, a
     SandboxError where it should work and failed (the limit is not silently weakened)."""
     reason = quota.unavailable()
-    if os.environ.get("CLOTHO_DOCKER_QUOTA") == "0":
-        reason = "CLOTHO_DOCKER_QUOTA=0"
+    if os.environ.get("CLOTHO_DOCKER_QUOTA") != "1":
+        reason = "off by default (CLOTHO_DOCKER_QUOTA=1 turns it on; see the module docstring)"
     layer: Path | None = None
     if reason is None:
         layer, reason = layer_dir(await container.show())
