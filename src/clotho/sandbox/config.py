@@ -297,11 +297,12 @@ class DockerSandboxConfig(_Common):
     storage_mb: int | None = Field(
         None,
         gt=0,
-        description="the container's writable layer, shared by its slots: a file system of "
-        "this size and a matching inode count (a local daemon with overlay2, the harness "
-        "root), so a write past it fails with ENOSPC and a command after which it is full is "
-        "`limit`; elsewhere its size is watched and the container killed past it (said at run "
-        f"time); None: the task's, else {DEFAULT_DOCKER_STORAGE_MB}",
+        description="the container's writable layer, shared by its slots: with "
+        "CLOTHO_DOCKER_QUOTA=1 (a local daemon with overlay2, the harness root) a file system "
+        "of this size and a matching inode count, so a write past it fails with ENOSPC and a "
+        "command after which it is full is `limit`; otherwise its size is watched and the "
+        "container killed past it (said at run time); None: the task's, else "
+        f"{DEFAULT_DOCKER_STORAGE_MB}",
     )
     storage_check_s: float = Field(
         2.0,
