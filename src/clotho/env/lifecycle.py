@@ -40,13 +40,6 @@ from clotho.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-class TrainerStatus(Protocol):
-    """What `/status-env` says that the lifecycle reads."""
-
-    @property
-    def current_step(self) -> int: ...
-
-
 class TrainerLink(Protocol):
     """The trajectory API as the lifecycle uses it (`AtroposClient` is one)."""
 

@@ -80,15 +80,6 @@ async def copy_host_file(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-async def move_host_path(source: Path, target: Path) -> None:
-    """`shutil.move` (a copy across file systems); in a thread for a tree or a big file."""
-    info = source.lstat()
-    if stat.S_ISDIR(info.st_mode) or info.st_size > BIG_FILE:
-        await asyncio.to_thread(shutil.move, source, target)
-    else:
-        shutil.move(source, target)
-
-
 async def remove_host_tree(path: Path) -> None:
     """Remove a host tree made from a sandbox's data (a download, an unpacked payload) with
     `remove_tree`, in a thread: any depth (`shutil.rmtree` recursed once per level), folders
@@ -103,18 +94,6 @@ def _remove_quietly(path: Path) -> None:
             remove_tree(path)
     except OSError as exc:
         log.warning("%s", exc)
-
-
-async def remove_host_file(path: Path) -> None:
-    """Delete a host file if it is there (freeing a big file's blocks takes a while: a thread)."""
-    try:
-        size = path.lstat().st_size
-    except FileNotFoundError:
-        return
-    if size > BIG_FILE:
-        await asyncio.to_thread(path.unlink, missing_ok=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 # More exit codes: the target is not a regular file; it is bigger than the caller's limit.

@@ -5,12 +5,9 @@ runs the listed tests, and how JUnit XML becomes one outcome per listed test id.
 from __future__ import annotations
 
 import functools
-import io
-import json
 import posixpath
 import py_compile
 import sys
-import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -88,18 +85,6 @@ def _write(path: Path, data: bytes) -> str:
     return str(path)
 
 
-def tar_of(files: dict[str, bytes], prefix: str = "") -> bytes:
-    """An uncompressed tar of in-memory files (regular files, mode 0644)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for rel, data in files.items():
-            info = tarfile.TarInfo(f"{prefix}{rel}")
-            info.size = len(data)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 @dataclass
 class TestCase:
     ids: set[str]
@@ -168,7 +153,3 @@ def outcomes(listed: list[str], cases: list[TestCase]) -> dict[str, dict[str, st
                 entry["message"] = case.message
             result[test] = entry
     return result
-
-
-def ids_json(ids: list[str]) -> bytes:
-    return json.dumps(ids).encode()
