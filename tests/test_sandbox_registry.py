@@ -20,6 +20,7 @@ from tests.sandbox_fixtures import requires_bwrap
 from typer.testing import CliRunner
 
 from clotho.cli.main import app
+from clotho.runs.records import EvalConfig
 from clotho.sandbox import SandboxConfig, open_sandbox
 from clotho.sandbox.backends import OpenRequest, SandboxBackend, backend_key, make_backend
 from clotho.sandbox.base import Sandbox
@@ -111,6 +112,31 @@ def test_config_union_reads_a_kind_registered_after_it_was_built(
     unregister(KIND)
     with pytest.raises(ValidationError, match=f"Input tag '{KIND}'.*'local', 'unsafe-local'"):
         adapter.validate_python({"backend": KIND})
+
+
+def test_json_schema_lists_the_kinds_registered_when_asked(
+    double: type[RegistryDoubleConfig],
+) -> None:
+    schema = TypeAdapter(SandboxConfig).json_schema()
+    kinds = sandbox_kinds()
+    assert KIND in kinds
+    mapping = schema["discriminator"]["mapping"]
+    assert schema["discriminator"]["propertyName"] == "backend"
+    assert set(mapping) == set(kinds)
+    assert {ref["$ref"] for ref in schema["oneOf"]} == set(mapping.values())
+    for kind, ref in mapping.items():
+        model = schema["$defs"][ref.rsplit("/", 1)[1]]
+        assert model["properties"]["backend"]["const"] == kind
+    inner = schema["$defs"]["RaySandboxConfig"]["properties"]["inner"]
+    assert set(inner["discriminator"]["mapping"]) == set(sandbox_kinds(place="host"))
+    assert "ray" not in inner["discriminator"]["mapping"]
+    # A model holding one (the run's config, written to config.json) has its schema too.
+    for mode in ("validation", "serialization"):
+        run = EvalConfig.model_json_schema(mode=mode)
+        assert run["properties"]["sandbox"]["discriminator"]["propertyName"] == "backend"
+        assert "DockerSandboxConfig" in run["$defs"]
+    unregister(KIND)
+    assert KIND not in TypeAdapter(SandboxConfig).json_schema()["discriminator"]["mapping"]
 
 
 def test_a_kind_is_one_backend_literal_and_one_class() -> None:

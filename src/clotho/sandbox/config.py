@@ -20,9 +20,11 @@ from pydantic import (
     ConfigDict,
     Field,
     GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     TypeAdapter,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
 from clotho.errors import TaskError
@@ -177,6 +179,13 @@ class Kinds:
         return core_schema.with_info_plain_validator_function(
             self._validate, serialization=core_schema.simple_ser_schema("any")
         )
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The union of the kinds registered when the schema is asked for (a plain validator
+        has none of its own): `oneOf` by `backend`, each kind's model in `$defs`."""
+        return handler(self._union().core_schema)
 
 
 _ASKS = "(a Harbor task's [environment] allow_internet = true) and this run gives "
