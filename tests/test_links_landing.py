@@ -25,7 +25,7 @@ from clotho.sandbox.base import PathChange, Sandbox
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import HarborTrial, run_trial
-from clotho.tasks.verify import ProgramDigests, check_links
+from clotho.verify.integrity import ProgramDigests, check_links
 
 pytest_plugins = ("tests.sandbox_fixtures",)
 

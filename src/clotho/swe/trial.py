@@ -18,7 +18,7 @@ from clotho.swe.instance import SweInstance, SweOptions
 from clotho.swe.repos import RepoCache
 from clotho.swe.specs import ResolvedSpec, missing_image_message, registry
 from clotho.swe.verify import program_baseline, verify_instance
-from clotho.tasks.verify import ProgramDigests
+from clotho.verify.integrity import ProgramDigests
 
 
 def instruction(instance: SweInstance, testbed: str) -> str:

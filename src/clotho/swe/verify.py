@@ -33,7 +33,7 @@ from clotho.swe.log_parsers import OUTCOME, get_parser
 from clotho.swe.repos import patch_files
 from clotho.swe.runner import TestCase, outcomes, parse_junit, runner_files
 from clotho.swe.specs import ResolvedSpec, registry
-from clotho.tasks.verify import ProgramDigests, check_links, stop_and_check
+from clotho.verify.integrity import ProgramDigests, check_links, stop_and_check
 
 WORK = "/tmp/clotho-swe"
 JUNIT_MAX_BYTES = 32 << 20

@@ -34,7 +34,7 @@ from clotho.errors import TamperError, VerifierError
 from clotho.rollout.outcome import VerifierOutcome
 from clotho.sandbox.base import PathChange, Sandbox
 from clotho.sandbox.config import DEFAULT_PATH
-from clotho.tasks import runner_rules
+from clotho.verify import runner_rules
 from clotho.tasks.harbor import Task
 
 TESTS_MOUNT = "/tests"
