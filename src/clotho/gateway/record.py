@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from clotho.chat.ledger import TokenSequence
 from clotho.chat.types import ModelTurn, Usage
 
-GatewayApi = Literal["openai-chat", "anthropic-messages"]
+GatewayApi = Literal["openai-chat", "openai-responses", "anthropic-messages"]
 # Which trial budget ended the agent's model access (None: none did).
 LimitName = Literal["turns", "tokens", "wall_clock", "context"]
 

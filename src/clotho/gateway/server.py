@@ -1,7 +1,7 @@
 """The model gateway: an HTTP server a third-party agent takes for its model provider.
 
-It speaks OpenAI Chat Completions (`/v1/chat/completions`) and Anthropic Messages
-(`/v1/messages`), streaming or not, tool calls included, and forwards each call to the run's
+It speaks OpenAI Chat Completions (`/v1/chat/completions`), the OpenAI Responses API
+(`/v1/responses`, responses.py) and Anthropic Messages (`/v1/messages`), streaming or not, tool calls included, and forwards each call to the run's
 model through its `ModelSession` (a chat endpoint, a token API or the embedded model: the same
 session clotho's own agent uses). Each trial gets a `GatewayTrial`: a bearer token of its own
 (the real provider key stays in the host's `ModelConfig`, never in the sandbox), its budget
@@ -29,7 +29,7 @@ from typing import Any
 from clotho.chat.models import Model, ModelSession
 from clotho.chat.types import Usage
 from clotho.errors import AgentLimit, ConfigError, ModelError
-from clotho.gateway import wire
+from clotho.gateway import responses, wire
 from clotho.gateway.record import (
     ExchangeError,
     GatewayApi,
@@ -69,6 +69,7 @@ class GatewayTrial:
         self._started = time.monotonic()
         self._calls = 0  # indexes handed out, forwarded or not
         self._last_conversation: list[dict[str, Any]] | None = None
+        self._responses = responses.ResponseStore()  # for `previous_response_id`
 
     def env(self, base_url: str) -> dict[str, str]:
         """What an agent reads to find its model: `base_url` is the gateway as the agent
@@ -299,6 +300,9 @@ class Gateway:
         async def messages(request: Any) -> Any:
             return await self._handle(request, "anthropic-messages", only)
 
+        async def responses_route(request: Any) -> Any:
+            return await self._handle(request, "openai-responses", only)
+
         async def models(request: Any) -> Any:
             from starlette.responses import JSONResponse
 
@@ -310,6 +314,8 @@ class Gateway:
         routes = [
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/chat/completions", chat, methods=["POST"]),
+            Route("/v1/responses", responses_route, methods=["POST"]),
+            Route("/responses", responses_route, methods=["POST"]),
             Route("/v1/messages", messages, methods=["POST"]),
             Route("/messages", messages, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
@@ -334,6 +340,8 @@ class Gateway:
         def error(status: int, message: str, kind: str) -> Any:
             if api == "anthropic-messages":
                 return JSONResponse(wire.anthropic_error(message, kind), status)
+            if api == "openai-responses":
+                return JSONResponse(responses.responses_error(status, message, kind), status)
             return JSONResponse(wire.openai_error(status, message, kind), status)
 
         trial = self._trial_of(request, only)
@@ -378,8 +386,12 @@ class Gateway:
             failure = ExchangeError(kind="limit", message=trial.limit_message(limit), limit=limit)
             return refuse(LIMIT_STATUS, failure, "clotho_limit_reached")
         try:
-            read = wire.read_anthropic if api == "anthropic-messages" else wire.read_openai
-            messages, tools = read(body)
+            if api == "openai-responses":
+                messages, tools = responses.read_responses(body, trial._responses)
+            elif api == "anthropic-messages":
+                messages, tools = wire.read_anthropic(body)
+            else:
+                messages, tools = wire.read_openai(body)
         except (wire.WireError, TypeError, ValueError) as exc:
             message = f"clotho gateway: {exc}"
             return refuse(400, ExchangeError(kind="agent", message=message),
@@ -418,6 +430,10 @@ class Gateway:
         if api == "anthropic-messages":
             reply = wire.anthropic_reply(turn, model=name)
             assistant = _assistant_of_anthropic(reply)
+        elif api == "openai-responses":
+            reply = responses.responses_reply(turn, model=name, body=body)
+            assistant = responses.assistant_of(reply)
+            trial._responses.put(reply["id"], [*messages, assistant])
         else:
             reply = wire.openai_reply(turn, model=name)
             assistant = reply["choices"][0]["message"]
@@ -427,6 +443,8 @@ class Gateway:
             return JSONResponse(reply)
         if api == "anthropic-messages":
             events = wire.anthropic_events(reply)
+        elif api == "openai-responses":
+            events = responses.responses_events(reply)
         else:
             options = body.get("stream_options")
             include = isinstance(options, dict) and bool(options.get("include_usage"))
