@@ -1,6 +1,7 @@
 """The one place agents are built: `clotho eval` and every environment (`process`, `serve`,
 `evaluate`) get their model's agent from `llm_agent`, so limits and the system prompt mean
-the same on both paths."""
+the same on both paths. An installed agent's name (`clotho.installed_agents.agent_names`)
+builds an `InstalledAgentRunner` behind one `Gateway` over the same model `llm` would use."""
 
 from __future__ import annotations
 
@@ -12,11 +13,42 @@ from clotho.agent.llm import DEFAULT_SYSTEM_PROMPT, LLMAgent
 from clotho.agent.loop import AgentLimits
 from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.chat.client import ModelConfig
-from clotho.chat.models import Model, build_model
+from clotho.chat.models import Model, ModelSession, build_model
+from clotho.gateway.record import GatewayLimits
+from clotho.gateway.server import Gateway
+from clotho.installed_agents.base import InstalledAgentRunner
 from clotho.tools.builtin import default_registry
 from clotho.tools.tool import Tool
 
-AgentKind = Literal["llm", "oracle", "nop"]
+# clotho's own agents; any other name is an installed agent's (`installed_agents`).
+OwnAgentKind = Literal["llm", "oracle", "nop"]
+OWN_AGENTS: tuple[str, ...] = ("llm", "oracle", "nop")
+AgentKind = str
+
+
+def agent_kinds() -> list[str]:
+    """Every name `--agent` takes: clotho's own, then the registered installed agents."""
+    from clotho.installed_agents import agent_names
+
+    return [*OWN_AGENTS, *agent_names()]
+
+
+class GatewayModel:
+    """The model of a run of installed agents: its gateway and the client behind it, closed
+    together at the end of the run (the listeners first, then the client)."""
+
+    def __init__(self, gateway: Gateway, client: Model) -> None:
+        self.gateway = gateway
+        self.client = client
+
+    def session(self) -> ModelSession:
+        return self.client.session()
+
+    async def aclose(self) -> None:
+        try:
+            await self.gateway.aclose()
+        finally:
+            await self.client.aclose()
 
 
 def llm_agent(
@@ -52,11 +84,22 @@ async def build_agent(
     command_timeout_s: float | None = None,
 ) -> tuple[Agent, Model | None]:
     """An agent by name, and the model client to close afterwards (None for the reference
-    agents). No endpoint configured: the embedded local model."""
+    agents). No endpoint configured: the embedded local model. An installed agent's name:
+    its runner, its model calls through one gateway for the run, `max_turns` its budget of
+    model calls per attempt (`system_prompt` and `toolsets` are clotho's own agent's)."""
     if kind == "oracle":
         return OracleAgent(), None
     if kind == "nop":
         return NopAgent(), None
+    if kind != "llm":
+        from clotho.installed_agents import installed_agent
+
+        adapter = installed_agent(kind)  # a ConfigError naming the known ones
+        config = model or ModelConfig()
+        client = await build_model(config)
+        closing = GatewayModel(Gateway(client, model_name=config.model), client)
+        runner = InstalledAgentRunner(adapter, closing.gateway, GatewayLimits(max_turns=max_turns))
+        return runner, closing
     client = await build_model(model or ModelConfig())
     tools = default_registry().resolve(toolsets)
     agent = llm_agent(

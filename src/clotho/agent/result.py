@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from clotho.chat.ledger import TokenSequence
 from clotho.chat.types import Usage
+from clotho.gateway.record import GatewayRecord
 
 # "interrupted": the rollout ended the agent from outside (its wall clock, a sandbox limit, a
 # sandbox the agent broke); what it did until then is kept, for training on the failure.
@@ -28,6 +29,24 @@ class TurnTiming(BaseModel):
     tools_s: float = 0.0
 
 
+class InstalledAgentTrace(BaseModel):
+    """An installed (third-party) agent's run: its messages are what the gateway saw, so the
+    gateway's full record and the agent's own log and trajectory are kept beside them."""
+
+    agent: str
+    version: str
+    gateway: GatewayRecord = Field(description="every model call, as sent and received")
+    exit_code: int
+    timed_out: bool = False
+    output: str = Field("", description="the tails of the agent command's stdout and stderr")
+    trajectory: str | None = Field(None, description="the agent's own trajectory file, if any")
+    exposure: Literal["bind", "upload"] = Field(
+        "upload", description="how its install reached the sandbox: a read-only bind, a copy"
+    )
+    prepare_s: float = Field(0.0, description="python probe, install (cached), exposure")
+    agent_s: float = 0.0
+
+
 class AgentResult(BaseModel):
     messages: list[dict[str, Any]]
     turns: int = 0
@@ -41,4 +60,7 @@ class AgentResult(BaseModel):
     error: str | None = Field(None, description="the model error that stopped the run, if any")
     sequences: list[TokenSequence] | None = Field(
         None, description="token backends only: the exact training sequences (ids, masks, logprobs)"
+    )
+    installed: InstalledAgentTrace | None = Field(
+        None, description="installed agents only: the gateway's record and the agent's own files"
     )

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from clotho.agent.factory import agent_kinds
 from clotho.cli.config_io import apply_sets, load_config_file, merge, resumed
 from clotho.cli.running import run_async, user_errors
 from clotho.cli.sft_options import (
@@ -267,8 +268,11 @@ def eval_command(
         list[str] | None, typer.Option("--set", help="override a config field: key.path=value")
     ] = None,
     agent: Annotated[
-        Literal["llm", "oracle", "nop"] | None,
-        typer.Option(help="who does the task (default: llm)"),
+        Literal[tuple(agent_kinds())] | None,  # clotho's own and the registered installed ones
+        typer.Option(
+            help="who does the task: llm (clotho's agent), oracle, nop, or an installed agent "
+            "run in the sandbox behind the model gateway (default: llm)"
+        ),
     ] = None,
     model: Annotated[
         str | None,

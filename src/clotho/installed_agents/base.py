@@ -6,10 +6,13 @@ runs it headless on an instruction, the environment that points it at the gatewa
 its own trajectory lands. Adapters register by name (`register_agent`), so adding one touches
 nothing else. `InstalledAgentRunner` is the `Agent` that runs one: it opens a gateway trial,
 links the sandbox to it (`gateway.channel`), exposes the install, runs the command with the
-trial's token (never the real key), and returns the conversation the gateway recorded.
+trial's token (never the real key), and returns the conversation the gateway recorded, with
+the record itself and the agent's own files (`AgentResult.installed`).
 
-Exposure: the install should be bound read-only into the sandbox by the backend; until the
-backends take such a mount, `expose_install` uploads the tree (see its doc).
+Exposure: the runner asks for the cache's `agents` folder as a read-only mount at
+`AGENTS_MOUNT` (`sandbox_mounts`, which the rollout adds to the sandbox's config); the host
+backends bind it (no copy, and the agent cannot change it). A backend that cannot bind (a
+remote one, unsafe-local) gets the tree uploaded instead (`expose_install`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -30,15 +34,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from clotho.agent.base import AgentContext
-from clotho.agent.result import AgentResult, StopReason
+from clotho.agent.result import AgentResult, InstalledAgentTrace, StopReason
 from clotho.errors import ConfigError, InfraError, TaskError
 from clotho.gateway.channel import link_sandbox
 from clotho.gateway.record import GatewayLimits, GatewayRecord
 from clotho.gateway.server import Gateway
 from clotho.sandbox.base import Sandbox
+from clotho.sandbox.config import ReadOnlyMount
 
 ModelApiName = Literal["openai-chat", "anthropic-messages"]
-# Where installs are exposed inside the sandbox (read-only once the backends bind them).
+# Where installs are exposed inside the sandbox: the cache's `agents` folder, bound read-only.
 AGENTS_MOUNT = "/opt/clotho-agents"
 # Where an agent's own logs and trajectory go (Harbor's convention).
 AGENT_LOGS = "/logs/agent"
@@ -241,11 +246,29 @@ async def sandbox_python(sandbox: Sandbox, agent: str, minimum: tuple[int, int])
     return text
 
 
+def agents_mount(cache_dir: Path) -> ReadOnlyMount:
+    """The cache's installs, read-only at `AGENTS_MOUNT` (made if missing: a bind needs it)."""
+    folder = cache_dir / "agents"
+    folder.mkdir(parents=True, exist_ok=True)
+    return ReadOnlyMount(source=str(folder.resolve()), target=AGENTS_MOUNT)
+
+
+async def bound_install(sandbox: Sandbox, install: AgentInstall, cache_dir: Path) -> str | None:
+    """The install's folder where the backend bound the cache (`agents_mount`), if it did:
+    finished installs show there (stamp included) even when made after the sandbox started."""
+    if install.root.parent.resolve() != (cache_dir / "agents").resolve():
+        return None
+    inner = f"{AGENTS_MOUNT}/{install.root.name}"
+    probe = await sandbox.exec(
+        f"test -f {shlex.quote(inner)}/install.json && test ! -w {shlex.quote(inner)}", timeout=60
+    )
+    return inner if probe.ok else None
+
+
 async def expose_install(sandbox: Sandbox, install: AgentInstall, name: str) -> str:
-    """The install's folder inside the sandbox. Today an upload into `AGENTS_MOUNT/<name>`
-    (or /tmp's where /opt is read-only): the agent can change its own copy, never the host's
-    cache, and nothing of it is on the verifier's path. The intended exposure is a read-only
-    bind of `install.root` made by the backend when the sandbox starts (no copy, no time)."""
+    """The install's folder inside the sandbox, uploaded (the fallback where the backend bound
+    nothing): into `AGENTS_MOUNT/<name>`, or /tmp's where /opt is read-only. The agent can
+    change its own copy, never the host's cache, and nothing of it is on the verifier's path."""
     for parent in (AGENTS_MOUNT, "/tmp/clotho-agents"):
         probe = await sandbox.exec(f"mkdir -p {parent} && test -w {parent}", timeout=60)
         if probe.ok:
@@ -266,6 +289,7 @@ class InstalledRun:
     trajectory: str | None  # the agent's own trajectory file, if it wrote one
     prepare_s: float
     agent_s: float
+    exposure: Literal["bind", "upload"] = "upload"
 
 
 _STOP: dict[str, StopReason] = {
@@ -294,12 +318,21 @@ class InstalledAgentRunner:
     def name(self) -> str:
         return self.agent.name
 
+    def sandbox_mounts(self) -> list[ReadOnlyMount]:
+        """What the rollout binds into this agent's sandboxes: the installs, read-only."""
+        return [agents_mount(self.cache_dir)]
+
     async def run(self, ctx: AgentContext) -> AgentResult:
         started = time.monotonic()
         sandbox = ctx.sandbox
         python = await sandbox_python(sandbox, self.agent.name, self.minimum_python)
         install = await self.agent.prepare(python, self.cache_dir)
-        inner = await expose_install(sandbox, install, f"{self.agent.name}-{self.agent.version}")
+        exposure: Literal["bind", "upload"] = "bind"
+        inner = await bound_install(sandbox, install, self.cache_dir)
+        if inner is None:
+            exposure = "upload"
+            name = f"{self.agent.name}-{self.agent.version}"
+            inner = await expose_install(sandbox, install, name)
         limits = self.limits
         if ctx.time_limit_s is not None and limits.timeout_s is None:
             limits = limits.model_copy(update={"timeout_s": ctx.time_limit_s})
@@ -321,7 +354,7 @@ class InstalledAgentRunner:
                 await self.gateway.close_listener(link.listener)
         output = (result.stdout[-4000:] + "\n" + result.stderr[-4000:]).strip()
         self.runs.append(InstalledRun(record, result.exit_code, result.timed_out, output,
-                                      trajectory, prepare_s, agent_s))  # fmt: skip
+                                      trajectory, prepare_s, agent_s, exposure))  # fmt: skip
         stop: StopReason = "finished"
         if record.limit is not None:
             stop = _STOP[record.limit]
@@ -335,6 +368,19 @@ class InstalledAgentRunner:
             stop_reason=stop,
             usage=record.usage,
             duration_s=time.monotonic() - started,
+            sequences=record.sequences,
+            installed=InstalledAgentTrace(
+                agent=self.agent.name,
+                version=self.agent.version,
+                gateway=record,
+                exit_code=result.exit_code,
+                timed_out=result.timed_out,
+                output=output,
+                trajectory=trajectory,
+                exposure=exposure,
+                prepare_s=prepare_s,
+                agent_s=agent_s,
+            ),
         )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
@@ -26,7 +26,9 @@ class EvalConfig(BaseModel):
 
     schema_version: Literal[1] = 1
     paths: list[str]
-    agent: Literal["llm", "oracle", "nop"] = "llm"
+    agent: str = Field(
+        "llm", description="llm, oracle, nop, or an installed agent's name (mini-swe-agent, ...)"
+    )
     model: ModelConfig | None = Field(
         None, description="None: the embedded local model (SmolLM2-135M-Instruct, extra `local`)"
     )
@@ -73,6 +75,16 @@ class EvalConfig(BaseModel):
     swe: SweOptions = Field(
         default_factory=SweOptions, description="SWE instance files: repositories, reward, caches"
     )
+
+    @field_validator("agent")
+    @classmethod
+    def _known_agent(cls, value: str) -> str:
+        from clotho.agent.factory import agent_kinds
+
+        known = agent_kinds()
+        if value not in known:
+            raise ValueError(f"unknown agent {value!r}; known: {', '.join(known)}")
+        return value
 
 
 class TrialRecord(BaseModel):
