@@ -149,7 +149,11 @@ async def _phases(
     spec: RolloutSpec, pool: SlotPool, outcome: RolloutOutcome, held: list[Sandbox]
 ) -> None:
     clock = _Clock(outcome)
-    sandbox = await pool.acquire(spec.sandbox, labels=spec.labels)
+    # An agent that brings host folders (an installed agent's packages) has them bound
+    # read-only where the backend can (`SandboxConfigBase.with_ro_mounts`).
+    mounts = getattr(spec.agent, "sandbox_mounts", None)
+    config = spec.sandbox.with_ro_mounts(mounts()) if mounts is not None else spec.sandbox
+    sandbox = await pool.acquire(config, labels=spec.labels)
     held.append(sandbox)
     clock.mark("acquire_s")
     try:

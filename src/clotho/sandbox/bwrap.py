@@ -277,6 +277,8 @@ def _host_view(
 # root-side prefix makes) by bwrap, which runs as the sandbox's uid and could not pass the
 # folder's parents when they are closed to it (a pytest tmp folder is 0700).
 _STATE_VIEW = "/run/clotho-state"
+# Likewise each read-only mount's source (`config.ro_mounts`), at this path and its index.
+_RO_VIEW = "/run/clotho-ro-"
 
 
 def bwrap_argv(
@@ -298,6 +300,9 @@ def bwrap_argv(
         argv += ["--tmpfs", f"/{name}"]
     argv += ["--bind", str(seen / "app"), config.workdir]
     argv += ["--bind", str(seen / "xfer"), XFER_MOUNT]
+    for index, mount in enumerate(config.ro_mounts):  # as root: seen through the prefix's bind
+        source = f"{_RO_VIEW}{index}" if uid is not None else mount.source
+        argv += ["--ro-bind", source, mount.target]
     if config.network and os.path.isfile("/etc/resolv.conf"):
         argv += ["--ro-bind", str(seen / "resolv.conf"), "/etc/resolv.conf"]
     if root_mode == "ro":  # last: every mount point is made; then nothing new at `/`
@@ -330,6 +335,10 @@ def bwrap_argv(
             f"mkdir {_STATE_VIEW}",
             f'mount --rbind "$0" {_STATE_VIEW}',
         ]
+        for index, mount in enumerate(config.ro_mounts):
+            # bwrap, as the sandbox's uid, may not pass the source's parents (~root is 0700)
+            steps.append(f"mkdir {_RO_VIEW}{index} && mount --rbind {shlex.quote(mount.source)} "
+                         f"{_RO_VIEW}{index}")  # fmt: skip
         argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
     if steps:
         script = " && ".join([*steps, 'exec "$@"'])

@@ -12,7 +12,8 @@ sandbox ls/gc`) asks `sandbox_kinds`. Adding a backend: a config class here or i
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import posixpath
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args
 
 from pydantic import (
@@ -22,12 +23,14 @@ from pydantic import (
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     TypeAdapter,
+    field_validator,
     model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
 from clotho.errors import TaskError
+from clotho.sandbox.sidecar_spec import SidecarSpec
 
 if TYPE_CHECKING:
     from clotho.sandbox.backends import SandboxBackend
@@ -38,6 +41,27 @@ DEFAULT_LOCAL_STORAGE_MB = 10240
 
 Place = Literal["host", "cluster"]
 C = TypeVar("C", bound="SandboxConfigBase")
+
+
+class ReadOnlyMount(BaseModel):
+    """A host folder the sandbox sees read-only at `target` (an installed agent's packages):
+    bound by the backend when the sandbox starts, never copied; nothing inside can change it.
+    Host backends that bind folders (local, Docker) have `ro_mounts`; others have none, and
+    their callers copy what they need instead."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(description="absolute host folder")
+    target: str = Field(description="absolute path inside the sandbox")
+
+    @field_validator("source", "target")
+    @classmethod
+    def _plain_absolute(cls, value: str) -> str:
+        if not value.startswith("/") or posixpath.normpath(value) != value or value == "/":
+            raise ValueError(f"{value!r}: an absolute, normalised path below / is needed")
+        if any(c in value for c in ":,\n\0"):  # Docker's bind syntax, mount options
+            raise ValueError(f"{value!r}: ':', ',' and control characters are not allowed")
+        return value
 
 
 class SandboxConfigBase(BaseModel):
@@ -52,6 +76,9 @@ class SandboxConfigBase(BaseModel):
     place: ClassVar[Place] = "host"  # host: sandboxes on this machine; cluster: beyond it
     isolated: ClassVar[bool] = True  # False: the agent runs as a plain process on the host
     no_network_hint: ClassVar[str] = "and this run gives its sandboxes none"
+    # Whether its sandboxes can have sidecars (a compose task's other services): a task with
+    # some is refused on a kind that cannot (`check_sidecars`), never run without them.
+    runs_sidecars: ClassVar[bool] = False
 
     if TYPE_CHECKING:  # every config has them (Ray's are its inner config's); the pool reads
         workdir: str
@@ -94,6 +121,15 @@ class SandboxConfigBase(BaseModel):
         """What a program installed in such a sandbox depends on besides its own inputs
         (the install cache's key): the backend, its image, its root, shared slots."""
         return {"backend": self.backend, "image": None, "root": None, "slots": False, "inner": None}
+
+    def with_ro_mounts(self: C, mounts: Sequence[ReadOnlyMount]) -> C:
+        """This config with `mounts` added where its backend binds host folders (a kind with
+        `ro_mounts`); any other config as it is (the caller falls back to copying)."""
+        if not mounts or "ro_mounts" not in type(self).model_fields:
+            return self
+        have: list[ReadOnlyMount] = list(getattr(self, "ro_mounts"))  # noqa: B009 (not on the base)
+        added = [m for m in mounts if m not in have]
+        return self.model_copy(update={"ro_mounts": [*have, *added]}) if added else self
 
     def with_task_network(self: C, wants: bool, task: str) -> C:
         """This config for a task that asks for a network (`wants`) or refuses one: a network
@@ -240,6 +276,10 @@ class LocalSandboxConfig(_Common):
         f"time); None: the task's, else {DEFAULT_LOCAL_STORAGE_MB}",
     )
     cpus: float | None = Field(None, gt=0, description="CPU quota; None: the task's, else none")
+    ro_mounts: list[ReadOnlyMount] = Field(
+        default_factory=list,
+        description="host folders bound read-only into each sandbox (installed agents' packages)",
+    )
     cgroup_limits: bool = Field(
         True,
         description="enforce memory, process and CPU limits in cgroups (needs root on a cgroup "
@@ -283,6 +323,7 @@ class DockerSandboxConfig(_Common):
     backend: Literal["docker"] = "docker"
     backend_class: ClassVar[str] = "clotho.sandbox.docker.backend:DockerBackend"
     sdk: ClassVar[tuple[str, str] | None] = ("aiodocker", "docker")
+    runs_sidecars: ClassVar[bool] = True
     no_network_hint: ClassVar[str] = (
         _ASKS + "its containers none: Docker's only network here is the host's own, "
         "unguarded; accept that with --network --set sandbox.host_network=true, or run on the "
@@ -319,8 +360,23 @@ class DockerSandboxConfig(_Common):
         description="how often the writable layer's size is checked while commands run, "
         "where the disk limit is watched rather than enforced",
     )
+    sidecars: list[SidecarSpec] = Field(
+        default_factory=list,
+        description="services started beside each sandbox, sharing only its private network "
+        "(set by prepare from a task's compose file: `sandbox/docker/sidecars.py`)",
+    )
+    sidecar_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="how long a sandbox's sidecars may take to start and pass their health "
+        "checks; one that is not ready by then is the task's error, naming it",
+    )
     docker_url: str | None = Field(
         None, description="Engine API address (default: DOCKER_HOST or the unix socket)"
+    )
+    ro_mounts: list[ReadOnlyMount] = Field(
+        default_factory=list,
+        description="host folders bound read-only into each sandbox (installed agents' packages)",
     )
     init: bool = Field(
         True, description="run docker-init as pid 1 so signals and zombies are handled"

@@ -140,8 +140,14 @@ def container_body(
         "NetworkMode": f"container:{network_of}" if network_of else network,
         "Init": config.init,
     }
+    if config.sidecars and not network_of:  # service names resolve to its loopback
+        from clotho.sandbox.docker.sidecars import sidecar_hosts
+
+        host["ExtraHosts"] = sidecar_hosts(config)
+    # `ro_mounts` (installed agents' packages): read-only binds, never copied in.
+    binds = [*(binds or []), *(f"{m.source}:{m.target}:ro" for m in config.ro_mounts)]
     if binds:
-        host["Binds"] = list(binds)
+        host["Binds"] = binds
     if config.cpus:
         host["NanoCpus"] = int(config.cpus * 1e9)
     memory = (config.memory_mb or DEFAULT_DOCKER_MEMORY_MB) * 1024 * 1024
@@ -839,6 +845,12 @@ class DockerBackend(SandboxBackend[DockerSandboxConfig]):
     async def _open(self, request: OpenRequest[DockerSandboxConfig]) -> Sandbox:
         config, labels, lease_s = request.config, request.labels, request.lease_s
         self._state_dirs.add(config.state_dir)
+        if config.sidecars:  # a compose task's services beside it (sidecars.py)
+            from clotho.sandbox.docker.sidecars import SidecarSandbox
+
+            return await SidecarSandbox.create_with_sidecars(
+                config, labels, docker=self.client, images=self.images, lease_s=lease_s
+            )
         if config.slots_per_container > 1:  # a slot of a shared container
             if self._slots is None:
                 from clotho.sandbox.docker.slots import SlotHost
@@ -867,6 +879,11 @@ class DockerBackend(SandboxBackend[DockerSandboxConfig]):
                 "storage_mb": base.storage_mb or spec.storage_mb,
             }
         )
+        if spec.sidecars:  # their images too (sidecars.py)
+            from clotho.sandbox.docker.sidecars import prepare_sidecars
+
+            sidecars = await prepare_sidecars(self, config, spec, force_build)
+            config = config.model_copy(update={"sidecars": sidecars})
         return PreparedEnvironment(config=config, workspace_in_image=in_image)
 
     async def _image_for(
