@@ -109,22 +109,30 @@ UPSTREAM_API_TESTS = (
 TOKEN = "compat-token"
 
 
-def _rewrite_for_clotho(text: str, port: int) -> str:
+def _rewrite_for_clotho(text: str, port: int, token: str | None = TOKEN) -> str:
     """Swap upstream's launch command for `clotho api`, its fixed port 8000 for ours, and its
-    URLs for ones that carry the token (the server reads it from CLOTHO_API_TOKEN)."""
+    URLs for ones that carry the token (the server reads it from CLOTHO_API_TOKEN). Without a
+    token (None) the server is `clotho api --no-auth` and the URLs are upstream's own, plain."""
+    base = f"http://clotho:{token}@localhost:{port}" if token else f"http://localhost:{port}"
+    command = '"clotho", "api",' if token else '"clotho", "api", "--no-auth",'
     text = (
         text.replace("from atroposlib.tests.api_test_utils import", "from api_test_utils import")
         .replace("sys.executable,", f"{sys.executable!r},")
-        .replace('"atroposlib.cli.run_api",', '"clotho", "api",')
-        .replace("http://localhost:8000", f"http://clotho:{TOKEN}@localhost:{port}")
+        .replace('"atroposlib.cli.run_api",', command)
+        .replace("http://localhost:8000", base)
         .replace('"8000"', f'"{port}"')
     )
     assert "atroposlib.cli.run_api" not in text and "8000" not in text  # else: testing upstream
     return text
 
 
-async def test_upstream_api_test_suite_passes_against_clotho_api(tmp_path: Path) -> None:
-    """Upstream's own black-box API tests (messages, compression, legacy), run on our server."""
+@pytest.mark.parametrize("token", [TOKEN, None], ids=["token", "no-auth"])
+async def test_upstream_api_test_suite_passes_against_clotho_api(
+    tmp_path: Path, token: str | None
+) -> None:
+    """Upstream's own black-box API tests (messages, compression, legacy), run on our server:
+    with a token in their URLs, and as they are written (no credentials at all, `GET
+    /reset_data` between tests) against `clotho api --no-auth`."""
     python = VENV / "bin" / "python"
     found = sorted(VENV.glob("lib/python*/site-packages/atroposlib/tests"))
     probe = await asyncio.create_subprocess_exec(str(python), "-c", "import pytest, requests")
@@ -133,10 +141,18 @@ async def test_upstream_api_test_suite_passes_against_clotho_api(tmp_path: Path)
     port = free_port()
     for name in UPSTREAM_API_TESTS:
         text = (found[0] / name).read_text()
-        (tmp_path / name).write_text(_rewrite_for_clotho(text, port))
+        (tmp_path / name).write_text(_rewrite_for_clotho(text, port, token))
     for name in UPSTREAM_API_TESTS:
         text = (tmp_path / name).read_text()
-        assert "http://localhost" not in text.replace(f"http://clotho:{TOKEN}@localhost", "")
+        if token:
+            assert "http://localhost" not in text.replace(f"http://clotho:{token}@localhost", "")
+        else:
+            assert "http://clotho:" not in text
+    if not token:  # the server upstream's helper starts is the open one
+        assert '"clotho", "api", "--no-auth"' in (tmp_path / "api_test_utils.py").read_text()
+    env = {k: v for k, v in os.environ.items() if k != "CLOTHO_API_TOKEN"}
+    if token:
+        env["CLOTHO_API_TOKEN"] = token
     run = await asyncio.create_subprocess_exec(
         str(python),
         "-m",
@@ -146,7 +162,7 @@ async def test_upstream_api_test_suite_passes_against_clotho_api(tmp_path: Path)
         "no:cacheprovider",
         str(tmp_path),
         cwd=tmp_path,
-        env={**os.environ, "CLOTHO_API_TOKEN": TOKEN},
+        env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
