@@ -23,7 +23,7 @@ from pathlib import Path
 from clotho.errors import ConfigError, SandboxError, TaskError
 from clotho.gateway import relay
 from clotho.gateway.server import Gateway, GatewayTrial, Listener
-from clotho.sandbox.base import Sandbox
+from clotho.sandbox.base import Sandbox, SocketPlace
 
 # The exit code of the launch script when the image has no runtime for the relay.
 NO_RUNTIME_EXIT = 97
@@ -33,31 +33,15 @@ NO_RUNTIME = (
 )
 
 
-@dataclass(frozen=True)
-class SocketPlace:
-    """Where a sandbox can reach a unix socket the host binds."""
-
-    host_dir: Path
-    inner_dir: str
-    owner_uid: int | None = None  # give the socket to this uid (the sandbox's own)
-    mode: int | None = None  # set where the folder is the host's alone
-
-
 def socket_place(sandbox: Sandbox) -> SocketPlace:
-    from clotho.sandbox.bwrap import BwrapSandbox
-    from clotho.sandbox.transfer import XFER_MOUNT
-
-    if isinstance(sandbox, BwrapSandbox):
-        return SocketPlace(sandbox.state / "xfer", XFER_MOUNT, owner_uid=sandbox.uid)
-    io_dir = getattr(sandbox, "io_dir", None)
-    if type(sandbox).__name__ == "DockerSandbox" and isinstance(io_dir, Path):
-        from clotho.sandbox.docker.fifo import MOUNT
-
-        return SocketPlace(io_dir, MOUNT, mode=0o666)
-    raise ConfigError(
-        f"the model gateway cannot reach a {type(sandbox).__name__} yet: installed agents run "
-        "on the local backend or on Docker with a local daemon (stdio fifo)"
-    )
+    """Where the gateway's socket goes: the sandbox's own answer (`Sandbox.socket_place`)."""
+    place = sandbox.socket_place()
+    if place is None:
+        raise ConfigError(
+            f"the model gateway cannot reach a {type(sandbox).__name__} yet: installed agents "
+            "run on the local backend or on Docker with a local daemon (stdio fifo)"
+        )
+    return place
 
 
 def relay_command(socket_path: str, port: int) -> str:

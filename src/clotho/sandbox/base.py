@@ -63,6 +63,17 @@ class PathChange:
     link: bool | None = None
 
 
+@dataclass(frozen=True)
+class SocketPlace:
+    """Where a sandbox without network reaches a unix socket the host binds (the model
+    gateway's, the browser's): a host folder the sandbox sees at `inner_dir`."""
+
+    host_dir: Path
+    inner_dir: str
+    owner_uid: int | None = None  # give the socket to this uid (the sandbox's own)
+    mode: int | None = None  # set where the folder is the host's alone
+
+
 class Sandbox(abc.ABC):
     """An isolated place where an agent's commands and files live.
 
@@ -166,6 +177,11 @@ class Sandbox(abc.ABC):
         of its target text, prefixed `link:`; None where nothing exists. Detects replaced
         programs (`python3`, `bash`) between the agent's start and the tests."""
         raise NotImplementedError(f"{type(self).__name__} cannot take digests")
+
+    def socket_place(self) -> SocketPlace | None:
+        """Where a unix socket the host binds can be reached from inside; None: nowhere (a
+        backend without a folder shared with the host)."""
+        return None
 
     async def changed_paths(self) -> list[PathChange] | None:
         """Every path created, changed or removed since the sandbox started, seen from outside

@@ -46,7 +46,7 @@ from typing import Unpack
 
 from clotho.errors import ConfigError, SandboxError
 from clotho.sandbox import proctree
-from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, PathChange
+from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, PathChange, SocketPlace
 from clotho.sandbox.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.config import LocalSandboxConfig, base_env
 from clotho.sandbox.fresh import digests_at, run_fresh_call
@@ -580,6 +580,10 @@ class BwrapSandbox(ShellBackedSandbox):
         never leaving it, nothing run inside."""
         self._check_open()
         return await asyncio.to_thread(digests_at, self._root_fd, list(paths))
+
+    def socket_place(self) -> SocketPlace:
+        """The transfer folder (`XFER_MOUNT`): the socket is given to the sandbox's uid."""
+        return SocketPlace(self.state / "xfer", XFER_MOUNT, owner_uid=self.uid)
 
     async def changed_paths(self) -> list[PathChange] | None:
         """Walked from the host with `scandir`/`lstat`, never following a link: everything in

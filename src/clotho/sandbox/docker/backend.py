@@ -47,7 +47,14 @@ from clotho.sandbox.backends import (
     PreparedEnvironment,
     SandboxBackend,
 )
-from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, PathChange, Sandbox
+from clotho.sandbox.base import (
+    ExecOptions,
+    ExecResult,
+    FreshCall,
+    PathChange,
+    Sandbox,
+    SocketPlace,
+)
 from clotho.sandbox.config import (
     DEFAULT_DOCKER_MEMORY_MB,
     DEFAULT_DOCKER_STORAGE_MB,
@@ -624,6 +631,14 @@ class DockerSandbox(ShellBackedSandbox):
                 return await path_digest(self.container, self.resolve(path), outer=outer)
 
         return dict(zip(paths, await asyncio.gather(*(one(p) for p in paths)), strict=True))
+
+    def socket_place(self) -> SocketPlace | None:
+        """The FIFO folder (bind-mounted read-only at `FIFO_MOUNT`: a socket there still
+        accepts connections, and the sandbox cannot replace it); None without FIFOs (attach,
+        a remote daemon) and for slots, whose shared folder is not theirs alone."""
+        if type(self) is not DockerSandbox or self.io_dir is None:
+            return None
+        return SocketPlace(self.io_dir, FIFO_MOUNT, mode=0o666)
 
     async def changed_paths(self) -> list[PathChange] | None:
         """What the container's writable layer holds against the image. A local daemon's
