@@ -83,3 +83,46 @@ class ModelTurn(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     model: str | None = None
     latency_s: float = 0.0
+
+
+# --- image content (OpenAI content parts) --------------------------------------------------
+
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def image_mime(data: bytes) -> str | None:
+    """The image type read from the bytes themselves (PNG, JPEG, GIF, WebP), else None."""
+    for magic, mime in _IMAGE_MAGIC:
+        if data.startswith(magic):
+            return mime
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def image_part(data: bytes, detail: str | None = None) -> dict[str, Any]:
+    """An OpenAI `image_url` content part carrying the image itself as a data: URL (a model
+    server need not reach any file or address of ours)."""
+    import base64
+
+    mime = image_mime(data)
+    if mime is None:
+        raise ValueError("not an image clotho can send (PNG, JPEG, GIF or WebP)")
+    url: dict[str, Any] = {"url": f"data:{mime};base64,{base64.b64encode(data).decode()}"}
+    if detail:
+        url["detail"] = detail
+    return {"type": "image_url", "image_url": url}
+
+
+def user_message(text: str, images: list[bytes] | tuple[bytes, ...] = ()) -> dict[str, Any]:
+    """A user message: plain text, or text and image content parts when there are images."""
+    if not images:
+        return {"role": "user", "content": text}
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    parts += [image_part(image) for image in images]
+    return {"role": "user", "content": parts}

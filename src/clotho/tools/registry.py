@@ -4,7 +4,7 @@ with includes) and toolset distributions (sampled per group)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -17,6 +17,13 @@ class Toolset(BaseModel):
     tools: list[str] = Field(default_factory=list)
     includes: list[str] = Field(default_factory=list)
     description: str = ""
+    needs: str = Field("", description="what it needs to work, for people (README, errors)")
+    check: Callable[[], None] | None = Field(
+        None,
+        exclude=True,
+        description="raises ConfigError when the toolset cannot work here (no provider, no "
+        "key, no network): run whenever it is chosen, so a run fails at setup, not mid-rollout",
+    )
 
 
 class ToolsetDistribution(BaseModel):
@@ -72,25 +79,33 @@ class ToolRegistry:
         self.distributions[distribution.name] = distribution
         return distribution
 
-    def toolset_tools(self, name: str, _seen: frozenset[str] = frozenset()) -> list[str]:
+    def toolset_tools(
+        self, name: str, _seen: frozenset[str] = frozenset(), *, check: bool = False
+    ) -> list[str]:
+        """The toolset's tool names, includes resolved; `check` runs each toolset's check."""
         if name not in self.toolsets:
             raise ConfigError(f"unknown toolset {name!r}; known: {sorted(self.toolsets)}")
         if name in _seen:
             raise ConfigError(f"toolset {name!r} includes itself")
         toolset = self.toolsets[name]
+        if check and toolset.check is not None:
+            toolset.check()
         names = list(toolset.tools)
         for included in toolset.includes:
-            names += self.toolset_tools(included, _seen | {name})
+            names += self.toolset_tools(included, _seen | {name}, check=check)
         return list(dict.fromkeys(names))
 
     def resolve(
         self, enabled: Iterable[str] | None = None, disabled: Iterable[str] | None = None
     ) -> list[Tool]:
-        """Tools of the enabled toolsets (all when None) minus those of the disabled ones."""
+        """Tools of the enabled toolsets (all when None) minus those of the disabled ones.
+        An enabled toolset that cannot work here (its check) is a `ConfigError`, never
+        silently left out; a disabled one is not checked."""
         enabled_names = list(enabled) if enabled is not None else list(self.toolsets)
+        disabled_names = set(disabled or [])
         wanted: list[str] = []
         for name in enabled_names:
-            wanted += self.toolset_tools(name)
+            wanted += self.toolset_tools(name, check=name not in disabled_names)
         removed: set[str] = set()
         for name in disabled or []:
             removed |= set(self.toolset_tools(name))
