@@ -6,7 +6,8 @@ A request's `instructions` and `input` items become OpenAI-form chat messages (w
 `function_call_output` as a `tool` message; `reasoning` items are dropped (the record keeps
 them in the request: their encrypted content is the provider's alone). `previous_response_id`
 is served from the trial's own earlier responses (`ResponseStore`). Function tools are
-forwarded; a hosted tool (web search, file search, ...) is not a tool the run's model can
+forwarded, those of a `namespace` tool by their own names (a call of one names its namespace
+back); a hosted tool (web search, file search, ...) is not a tool the run's model can
 call, so it is left out, and the record keeps the request as sent. The model's turn becomes a
 `response` object (a `reasoning` summary, the `message`, a `function_call` per call); a
 streamed reply is that same object cut into the API's semantic events, so the record's object
@@ -141,6 +142,9 @@ def _read_tools(tools: Any) -> list[dict[str, Any]] | None:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind in HOSTED_TOOLS:
             continue
+        if kind == "namespace" and isinstance(tool.get("tools"), list):
+            converted.extend(_read_tools(tool["tools"]) or [])
+            continue
         if kind != "function" or not isinstance(tool.get("name"), str):
             raise WireError(f"tools[{i}]: only function tools are supported, not {kind!r}")
         function = {"name": tool["name"], "parameters": tool.get("parameters") or {}}
@@ -148,6 +152,17 @@ def _read_tools(tools: Any) -> list[dict[str, Any]] | None:
             function["description"] = tool["description"]
         converted.append({"type": "function", "function": function})
     return converted or None
+
+
+def _namespaces(tools: Any) -> dict[str, str]:
+    """The namespace of each function declared inside a `namespace` tool, by name."""
+    found: dict[str, str] = {}
+    for tool in tools if isinstance(tools, list) else []:
+        if isinstance(tool, dict) and tool.get("type") == "namespace":
+            for inner in tool.get("tools") or []:
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    found[inner["name"]] = str(tool.get("name"))
+    return found
 
 
 def _content_of(turn: ModelTurn) -> str:
@@ -172,15 +187,19 @@ def responses_reply(turn: ModelTurn, *, model: str, body: dict[str, Any]) -> dic
             "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}],
         })  # fmt: skip
+    namespaces = _namespaces(body.get("tools"))
     for call in turn.tool_calls:
-        output.append({
+        item = {
             "type": "function_call",
             "id": f"fc_{secrets.token_hex(12)}",
             "call_id": call.id or f"call_{secrets.token_hex(12)}",
             "name": call.name,
             "arguments": call.text,
             "status": "completed",
-        })  # fmt: skip
+        }
+        if call.name in namespaces:
+            item["namespace"] = namespaces[call.name]
+        output.append(item)
     cut = turn.finish_reason == "length" and not turn.tool_calls
     usage = turn.usage
     return {

@@ -1,6 +1,8 @@
-"""Third-party agent CLIs (mini-swe-agent, ...) run in the task's sandbox behind the model
-gateway: adapters, their host-side installs and the `Agent` that runs them (base.py)."""
+"""Third-party agent CLIs (mini-swe-agent, codex, claude-code) run in the task's sandbox
+behind the model gateway: adapters, their host-side installs and the `Agent` that runs them
+(base.py). The bundled adapters register themselves when this package is imported."""
 
+from clotho.installed_agents import claude_code, codex, mini_swe_agent  # noqa: F401  (register)
 from clotho.installed_agents.base import (
     AgentInstall,
     InstalledAgent,
