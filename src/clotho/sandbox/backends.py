@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 import clotho.sandbox.remote_config  # noqa: F401  (registers the cluster kinds: Ray, Modal, Nomad)
+from clotho.errors import TaskError
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import (
@@ -36,6 +37,7 @@ from clotho.sandbox.config import (
 )
 from clotho.sandbox.leases import SandboxRecord, local_records, remove_local
 from clotho.sandbox.unsafe_local import UnsafeLocalSandbox
+from clotho.sandbox.sidecar_spec import SidecarSpec
 
 DEFAULT_LEASE_S = 6 * 3600.0
 
@@ -67,6 +69,11 @@ class EnvironmentSpec(BaseModel):
         None, description="how to build or get `image` when it is missing: told to the user"
     )
 
+    sidecars: list[SidecarSpec] = Field(
+        default_factory=list,
+        description="services beside the sandbox (a compose file's other services): run by "
+        "a kind that `runs_sidecars` (Docker), refused as the task's error by the others",
+    )
 
 def with_task_network(base: SandboxConfig, spec: EnvironmentSpec) -> SandboxConfig:
     """The run's sandbox config for a task that has its say on the network: a network only
@@ -80,6 +87,18 @@ def with_task_network(base: SandboxConfig, spec: EnvironmentSpec) -> SandboxConf
 
 
 class PreparedEnvironment(BaseModel):
+def check_sidecars(base: SandboxConfig, spec: EnvironmentSpec) -> None:
+    """A task with sidecars on a kind that cannot run them is the task's error before any
+    sandbox starts, never a run without its services."""
+    if spec.sidecars and not type(base).runs_sidecars:
+        names = ", ".join(s.name for s in spec.sidecars)
+        raise TaskError(
+            f"{spec.name}: the task runs services beside its sandbox ({names}, from its "
+            f"compose file), which needs the docker backend (this run's is {base.backend}): "
+            "run it with --sandbox docker"
+        )
+
+
     """What to acquire with, and whether the workspace is already in place."""
 
     config: SandboxConfig

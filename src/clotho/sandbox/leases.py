@@ -26,6 +26,7 @@ LEASE_EXPIRES = "clotho.lease-expires"
 SLOTS = "clotho.slots"  # sandboxes a shared container hosts (absent: one)
 DOCKER_IO = "clotho.docker-io"  # a host folder holding a container's stdio FIFOs
 SLOT_ISOLATION = "clotho.slot-isolation"  # bwrap | none, as chosen when it started
+SIDECAR = "clotho.sidecar"  # a compose service beside a sandbox: its name
 
 
 def owner_label() -> str:
@@ -131,11 +132,13 @@ async def docker_records(docker: Any) -> list[SandboxRecord]:
     records = []
     for container in containers:
         info = container._container
+        labels = dict(info.get("Labels") or {})
         records.append(
             SandboxRecord(
-                "docker",
+                # A compose task's service beside a sandbox (docker/sidecars.py).
+                "docker-sidecar" if SIDECAR in labels else "docker",
                 str(info.get("Id", ""))[:12],
-                dict(info.get("Labels") or {}),
+                labels,
                 info.get("Created"),
             )
         )

@@ -30,6 +30,7 @@ from clotho.sandbox.backends import (
     PreparedEnvironment,
     SandboxBackend,
     backend_key,
+    check_sidecars,
     import_backend,
     make_backend,
     with_task_network,
@@ -157,6 +158,7 @@ class SlotPool:
             raise SandboxError("the sandbox pool is closed")
         await import_backend(base)
         base = with_task_network(base, spec)  # the task's say on the network, on every backend
+        check_sidecars(base, spec)  # a compose task's services: Docker runs them
         return await self._backend(base).prepare(base, spec, force_build=force_build)
 
     def _total(self) -> int:

@@ -13,6 +13,7 @@ import yaml
 
 from clotho.errors import TaskError
 from clotho.sandbox import EnvironmentSpec, Sandbox
+from clotho.tasks.compose import sidecar_specs
 from clotho.tasks.harbor import Task
 
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
@@ -95,6 +96,9 @@ def environment_spec(task: Task) -> EnvironmentSpec:
         # the run gives networks (`--network`), and one that asks is refused when it does not.
         network=env.allow_internet,
         build_hint=build_hint(task, context) if env.docker_image else None,
+        # The compose file's other services (`tasks/compose.py`): run beside the sandbox on
+        # Docker, the task's error elsewhere.
+        sidecars=sidecar_specs(task),
     )
 
 

@@ -1,0 +1,346 @@
+"""Multi-container tasks: a compose file's other services run beside the Docker sandbox.
+
+The task's tests need its sidecar (a tiny HTTP key-value service built from its own small
+Dockerfile on the base image the other Docker tests use): the oracle scores 1, `nop` 0, and
+nothing of the run is left afterwards. A leftover sidecar (its owner killed) is found and
+removed by `clotho sandbox gc`. What compose asks that clotho cannot give is refused as the
+task's error, and so is a task with sidecars on a backend that cannot run them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from tests.docker_probe import DOCKER_PROBLEM, requires_docker
+from tests.support import wait_until_sync
+
+from clotho.errors import TaskError
+from clotho.sandbox.backends import EnvironmentSpec, check_sidecars
+from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig
+from clotho.tasks.compose import sidecar_specs
+from clotho.tasks.environment import environment_spec
+from clotho.tasks.harbor import load_task
+
+KV_SERVER = """\
+import http.server, os, sys
+
+store = dict(arg.split("=", 1) for arg in sys.argv[1:])  # the compose `command` seeds it
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        key = self.path.strip("/")
+        if key not in store:
+            self.send_response(404)
+            self.end_headers()
+            return
+        body = store[key].encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_PUT(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        store[self.path.strip("/")] = self.rfile.read(length).decode()
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["KV_PORT"])), Handler).serve_forever()
+"""
+
+COMPOSE = """\
+services:
+  main:
+    depends_on:
+      kv:
+        condition: service_healthy
+  kv:
+    build: ./kv
+    command: ["python3", "/kv.py", "greeting=${GREETING:-hello}"]
+    environment:
+      KV_PORT: "8765"
+    mem_limit: 256m
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8765/greeting')"]
+      interval: 1s
+      timeout: 5s
+      retries: 60
+"""
+
+SOLVE = """\
+python3 - <<'EOF'
+import urllib.request
+value = urllib.request.urlopen("http://kv:8765/greeting").read()
+urllib.request.urlopen(urllib.request.Request("http://kv:8765/answer", data=value, method="PUT"))
+EOF
+"""
+
+TEST = """\
+mkdir -p /logs/verifier
+got=$(python3 -c "import urllib.request; print(urllib.request.urlopen('http://kv:8765/answer').read().decode())" 2>/dev/null)
+if [ "$got" = hello ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+def kv_task(make_task, name: str = "kv-task", compose: str = COMPOSE) -> Path:
+    return make_task(
+        name,
+        instruction="Read key greeting from the key-value service at http://kv:8765 and "
+        "store its value under key answer (HTTP PUT).",
+        solve_sh=SOLVE,
+        test_sh=TEST,
+        env_files={
+            "Dockerfile": "FROM clotho/base:bookworm\nWORKDIR /app\n",
+            "docker-compose.yaml": compose,
+            "kv/Dockerfile": "FROM clotho/base:bookworm\nCOPY kv.py /kv.py\n",
+            "kv/kv.py": KV_SERVER,
+        },
+    )
+
+
+# -- reading the compose file (no Docker) -----------------------------------------------
+
+
+def test_sidecars_are_read_with_command_environment_and_health(make_task) -> None:
+    task = load_task(kv_task(make_task))
+    (kv,) = sidecar_specs(task)
+    assert kv.name == "kv" and kv.context is not None and kv.context.name == "kv"
+    assert kv.command == ["python3", "/kv.py", "greeting=hello"]  # ${VAR:-default}
+    assert kv.env == {"KV_PORT": "8765"} and kv.memory_mb == 256
+    assert kv.healthcheck is not None and kv.healthcheck.interval_s == 1.0
+    assert kv.healthcheck.retries == 60
+    assert environment_spec(task).sidecars == [kv]
+
+
+def test_dependencies_start_first_and_dotenv_is_read(make_task) -> None:
+    compose = textwrap.dedent(
+        """\
+        services:
+          client:
+            build: .
+            volumes:
+              - ${T_BENCH_TASK_LOGS_PATH}:${T_BENCH_CONTAINER_LOGS_PATH}
+          web:
+            image: clotho/base:bookworm
+            environment: [ "DB=db:${DB_PORT}" ]
+            depends_on: {db: {condition: service_healthy}, setup: {condition: service_completed_successfully}}
+          setup:
+            image: clotho/base:bookworm
+            command: "true"
+          db:
+            image: clotho/base:bookworm
+            command: sleep infinity
+        """
+    )
+    task = load_task(
+        make_task(
+            "ordered",
+            env_files={"docker-compose.yaml": compose, ".env": "DB_PORT=5432\n", "Dockerfile": ""},
+        )
+    )
+    specs = sidecar_specs(task)
+    names = [s.name for s in specs]
+    assert names.index("db") < names.index("web") and names.index("setup") < names.index("web")
+    by_name = {s.name: s for s in specs}
+    assert by_name["web"].env == {"DB": "db:5432"}
+    assert by_name["setup"].completes and not by_name["db"].completes
+    assert by_name["db"].command == ["sleep", "infinity"]
+
+
+@pytest.mark.parametrize(
+    ("service", "key"),
+    [
+        ("ports: ['8080:80']", "ports"),
+        ("volumes: ['/etc:/host-etc']", "volumes"),
+        ("privileged: true", "privileged"),
+        ("devices: ['/dev/kvm:/dev/kvm']", "devices"),
+        ("cap_add: [NET_ADMIN]", "cap_add"),
+        ("network_mode: host", "network_mode"),
+        ("sysctls: {net.core.somaxconn: 1024}", "sysctls"),
+    ],
+)
+def test_what_clotho_cannot_give_a_sidecar_is_refused(make_task, service: str, key: str) -> None:
+    compose = f"services:\n  db:\n    image: clotho/base:bookworm\n    {service}\n"
+    task = load_task(make_task("refused", env_files={"docker-compose.yaml": compose}))
+    with pytest.raises(TaskError, match=rf"services\.db\.{key}:.*refuses rather than ignores"):
+        environment_spec(task)
+
+
+@pytest.mark.parametrize(
+    ("compose", "match"),
+    [
+        ("services:\n  main:\n    ports: ['80:80']\n", r"services\.main\.ports"),
+        ("services:\n  main:\n    network_mode: host\n", r"services\.main\.network_mode"),
+        ("services:\n  main:\n    volumes: ['/:/host']\n", r"services\.main\.volumes"),
+        ("services:\n  db:\n    image: 'x:${NOPE}'\n", r"\$\{NOPE\} has no value"),
+        ("services:\n  db:\n    image: x\n    environment: [HOME]\n", r"HOME.*has no value"),
+        ("services:\n  db:\n    image: x\n    depends_on: [cache]\n", r"no service 'cache'"),
+        ("services:\n  a:\n    image: x\n    depends_on: [b]\n  b:\n    image: x\n"
+         "    depends_on: [a]\n", "a cycle"),
+        ("services:\n  db:\n    image: x\nvolumes:\n  data: {}\n", r"volumes: top-level key"),
+        ("services:\n  db:\n    build: ../../..\n", "leaves the task folder"),
+    ],
+)  # fmt: skip
+def test_a_compose_file_asking_too_much_is_a_task_error(
+    make_task, compose: str, match: str
+) -> None:
+    task = load_task(
+        make_task("bad", env_files={"docker-compose.yaml": compose, "Dockerfile": "FROM x\n"})
+    )
+    with pytest.raises(TaskError, match=match):
+        environment_spec(task)
+
+
+def test_sidecars_on_a_backend_that_cannot_run_them_are_a_task_error(make_task) -> None:
+    spec = environment_spec(load_task(kv_task(make_task)))
+    with pytest.raises(TaskError, match=r"kv-task: .*\(kv, .*needs the docker backend"):
+        check_sidecars(LocalSandboxConfig(), spec)
+    check_sidecars(DockerSandboxConfig(), spec)  # Docker runs them
+    check_sidecars(LocalSandboxConfig(), EnvironmentSpec(name="plain"))  # none: nothing to say
+
+
+def test_local_eval_of_a_sidecar_task_is_a_task_error_not_a_run(make_task, tmp_path) -> None:
+    kv_task(make_task)
+    out = tmp_path / "run"
+    proc = _clotho("eval", str(tmp_path / "tasks"), "--agent", "oracle", "--out", str(out))
+    (record,) = _results(out)
+    assert record["error"]["kind"] == "task", (record, proc.stderr)
+    assert "needs the docker backend" in record["error"]["message"]
+
+
+# -- running on Docker -------------------------------------------------------------------
+
+
+def _clotho(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "clotho", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+
+
+def _results(out: Path) -> list[dict]:
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run_containers(out: Path) -> list[str]:
+    proc = subprocess.run(
+        ["docker", "ps", "-a", "--filter", "label=clotho=1", "--format",
+         '{{.Names}} {{.Label "clotho.run"}}'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return [
+        line.split()[0]
+        for line in proc.stdout.splitlines()
+        if len(line.split()) == 2 and line.split()[1].startswith(f"{out.name}-")
+    ]
+
+
+@requires_docker
+def test_oracle_passes_nop_fails_and_nothing_is_left(make_task, tmp_path: Path) -> None:
+    if DOCKER_PROBLEM is not None:
+        pytest.fail(f"CI=true runs the Docker tests, but no daemon answers: {DOCKER_PROBLEM}")
+    kv_task(make_task)
+    rewards = {}
+    for agent in ("oracle", "nop"):
+        out = tmp_path / f"run-{agent}"
+        proc = _clotho(
+            "eval", str(tmp_path / "tasks"), "--agent", agent, "--sandbox", "docker",
+            "--out", str(out),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (record,) = _results(out)
+        assert record["error"] is None, record
+        rewards[agent] = record["reward"]
+        assert _run_containers(out) == [], f"{agent} left containers behind"
+    assert rewards == {"oracle": 1.0, "nop": 0.0}
+
+
+@requires_docker
+def test_a_sidecar_that_never_gets_healthy_is_a_task_error_naming_it(
+    make_task, tmp_path: Path
+) -> None:
+    compose = COMPOSE.replace("urlopen('http://127.0.0.1:8765/greeting')", "exit(1)").replace(
+        "retries: 60", "retries: 2"
+    )
+    kv_task(make_task, "sick", compose)
+    out = tmp_path / "run"
+    proc = _clotho(
+        "eval", str(tmp_path / "tasks"), "--agent", "oracle", "--sandbox", "docker",
+        "--out", str(out),
+    )  # fmt: skip
+    (record,) = _results(out)
+    assert record["error"] is not None, (record, proc.stderr[-2000:])
+    assert record["error"]["kind"] == "task", record
+    assert "sidecar 'kv' is unhealthy" in record["error"]["message"], record
+    assert _run_containers(out) == []
+
+
+@requires_docker
+def test_gc_removes_a_killed_runs_sidecar(make_task, tmp_path: Path) -> None:
+    """A run SIGKILLed while its sidecar serves leaves it (no exit cleanup runs);
+    `clotho sandbox gc` finds it by its dead owner and removes it with its sandbox."""
+    task = kv_task(make_task, "left")
+    slow = task / "solution" / "solve.sh"
+    slow.write_text(f"{SOLVE}touch /app/started\nsleep 600\n")
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clotho", "eval", str(task), "--agent", "oracle",
+         "--sandbox", "docker", "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # The sidecar is listed once the sandbox beside it is up and the agent runs.
+        wait_until_sync(lambda: _sidecars_of(out) != [] or proc.poll() is not None, timeout=240)
+        assert proc.poll() is None, "the run ended before its sidecar was seen"
+        wait_until_sync(lambda: _agent_started(out), timeout=120)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert _sidecars_of(out), "the killed run's sidecar should be left behind"
+    listed = _clotho("sandbox", "ls")
+    assert "docker-sidecar" in listed.stdout, listed.stdout
+    gc = _clotho("sandbox", "gc")
+    assert gc.returncode == 0, gc.stderr
+    assert _run_containers(out) == [], "gc left the run's containers"
+
+
+def _sidecars_of(out: Path) -> list[str]:
+    proc = subprocess.run(
+        ["docker", "ps", "-a", "--filter", "label=clotho.sidecar=kv", "--format",
+         '{{.Names}} {{.Label "clotho.run"}}'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return [
+        line.split()[0]
+        for line in proc.stdout.splitlines()
+        if len(line.split()) == 2 and line.split()[1].startswith(f"{out.name}-")
+    ]
+
+
+def _agent_started(out: Path) -> bool:
+    """The oracle's solution has stored its answer: the sandbox reached its sidecar."""
+    for name in _run_containers(out):
+        if name.endswith("-kv"):
+            continue
+        probe = subprocess.run(
+            ["docker", "exec", name, "test", "-e", "/app/started"], capture_output=True
+        )
+        if probe.returncode == 0:
+            return True
+    return False
