@@ -36,8 +36,8 @@ from clotho.sandbox.config import (
     config_type,
 )
 from clotho.sandbox.leases import SandboxRecord, local_records, remove_local
-from clotho.sandbox.unsafe_local import UnsafeLocalSandbox
 from clotho.sandbox.sidecar_spec import SidecarSpec
+from clotho.sandbox.unsafe_local import UnsafeLocalSandbox
 
 DEFAULT_LEASE_S = 6 * 3600.0
 
@@ -68,12 +68,12 @@ class EnvironmentSpec(BaseModel):
     build_hint: str | None = Field(
         None, description="how to build or get `image` when it is missing: told to the user"
     )
-
     sidecars: list[SidecarSpec] = Field(
         default_factory=list,
         description="services beside the sandbox (a compose file's other services): run by "
         "a kind that `runs_sidecars` (Docker), refused as the task's error by the others",
     )
+
 
 def with_task_network(base: SandboxConfig, spec: EnvironmentSpec) -> SandboxConfig:
     """The run's sandbox config for a task that has its say on the network: a network only
@@ -86,7 +86,6 @@ def with_task_network(base: SandboxConfig, spec: EnvironmentSpec) -> SandboxConf
     return base.with_task_network(spec.network, spec.name)
 
 
-class PreparedEnvironment(BaseModel):
 def check_sidecars(base: SandboxConfig, spec: EnvironmentSpec) -> None:
     """A task with sidecars on a kind that cannot run them is the task's error before any
     sandbox starts, never a run without its services."""
@@ -99,6 +98,7 @@ def check_sidecars(base: SandboxConfig, spec: EnvironmentSpec) -> None:
         )
 
 
+class PreparedEnvironment(BaseModel):
     """What to acquire with, and whether the workspace is already in place."""
 
     config: SandboxConfig
