@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import clotho.sandbox.remote_config  # noqa: F401  (registers the cluster kinds: Ray, Modal, Nomad)
 from clotho.errors import TaskError
+from clotho.sandbox import ssh as _ssh  # noqa: F401  (registers the ssh kind)
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import (
