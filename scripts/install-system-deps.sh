@@ -23,6 +23,7 @@ command -v node >/dev/null 2>&1 || missing+=(nodejs)
 # clotho view's browser test: headless Chromium driven through Debian's chromedriver.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)  # the ssh backend's tests start a real sshd
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
