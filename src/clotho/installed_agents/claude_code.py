@@ -26,11 +26,25 @@ VERSION = "2.1.332"
 MODEL = "claude-sonnet-4-5"  # the name it sends; the run's model configuration decides
 CLAUDE_HOME = f"{AGENT_LOGS}/claude-home"
 MIN_GLIBC = (2, 26)
-# Prints the image's glibc version, or "none" where it has no glibc loader.
-_GLIBC_PROBE = (
-    "if [ ! -e /lib64/ld-linux-x86-64.so.2 ]; then echo none; "
-    "else getconf GNU_LIBC_VERSION 2>/dev/null || echo 'glibc unknown'; fi"
-)
+LOADER = "/lib64/ld-linux-x86-64.so.2"  # the binary's ELF interpreter
+
+
+def glibc_problem(said: str) -> str | None:
+    """What the image lacks, from the probe's line ("none", "glibc 2.36", "glibc unknown")."""
+    need = f"glibc >= {MIN_GLIBC[0]}.{MIN_GLIBC[1]}"
+    parts = said.split()
+    if not parts or parts[0] != "glibc":
+        return (
+            f"the claude-code agent needs {need} in the task's image (its native binary); "
+            "the image has no glibc (e.g. Alpine's musl, a static image)"
+        )
+    try:
+        major, minor = (int(x) for x in parts[-1].split(".")[:2])
+    except ValueError:
+        return None  # a loader, no getconf: the binary itself will say
+    if (major, minor) < MIN_GLIBC:
+        return f"the claude-code agent needs {need} in the task's image; it has {parts[-1]}"
+    return None
 
 
 class ClaudeCode(InstalledAgent):
@@ -48,26 +62,17 @@ class ClaudeCode(InstalledAgent):
             cache_dir=cache_dir,
         )
 
-    async def check_image(self, sandbox: Sandbox) -> None:
-        """A `TaskError` naming what the image lacks for the native `claude` binary."""
-        found = await sandbox.exec(_GLIBC_PROBE, timeout=60)
-        said = found.stdout.strip()
-        need = f"glibc >= {MIN_GLIBC[0]}.{MIN_GLIBC[1]}"
-        if found.exit_code != 0 or not said or said == "none":
-            raise TaskError(
-                f"the {self.name} agent needs {need} in the task's image (its native binary); "
-                "the image has no glibc (e.g. Alpine's musl)"
-            )
-        parts = said.split()
-        if parts[0] == "glibc" and parts[-1] != "unknown":
-            try:
-                major, minor = (int(x) for x in parts[-1].split(".")[:2])
-            except ValueError:
-                return
-            if (major, minor) < MIN_GLIBC:
-                raise TaskError(
-                    f"the {self.name} agent needs {need} in the task's image; it has {parts[-1]}"
-                )
+    async def check_image(self, sandbox: Sandbox, *, loader: str = LOADER) -> None:
+        """A `TaskError` naming what the image lacks for the native `claude` binary: glibc's
+        loader (`loader`) and a glibc of `MIN_GLIBC` or newer."""
+        probe = (
+            f"if [ ! -e {shlex.quote(loader)} ]; then echo none; "
+            "else getconf GNU_LIBC_VERSION 2>/dev/null || echo 'glibc unknown'; fi"
+        )
+        found = await sandbox.exec(probe, timeout=60)
+        problem = glibc_problem(found.stdout.strip() if found.exit_code == 0 else "")
+        if problem is not None:
+            raise TaskError(problem)
 
     def command(self, instruction: str, install_dir: str, workdir: str) -> str:
         argv = [
