@@ -25,6 +25,7 @@ from clotho.sandbox.base import PathChange, Sandbox
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import HarborTrial, run_trial
+from clotho.tasks.verify import FRESH_ROOTS, HARNESS_ROOTS
 from clotho.verify.integrity import ProgramDigests, check_links
 
 pytest_plugins = ("tests.sandbox_fixtures",)
@@ -200,13 +201,15 @@ async def _searched(sb: Sandbox, with_baseline: bool) -> None:
     ready = await sb.exec_fresh("mkdir -p /tests && echo 42 > /tests/expected.txt", timeout=60)
     assert ready.ok, ready.stderr
     with pytest.raises(TamperError) as caught:
-        await check_links(sb, baseline, None)
+        await check_links(sb, baseline, None, HARNESS_ROOTS, FRESH_ROOTS)
     assert "/app/answer.txt -> /tests/expected.txt" in str(caught.value)
     assert "/root/r -> /logs/verifier" in str(caught.value)
     assert "/app/current" not in str(caught.value)
     removed = await sb.exec_fresh("rm /app/answer.txt /root/r", timeout=60)
     assert removed.ok, removed.stderr
-    await check_links(sb, baseline, None)  # the ordinary link alone: no tampering
+    await check_links(
+        sb, baseline, None, HARNESS_ROOTS, FRESH_ROOTS
+    )  # the ordinary link alone: no tampering
 
 
 WITH_BASELINE = pytest.mark.parametrize("with_baseline", [True, False], ids=["since", "all"])

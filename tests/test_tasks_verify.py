@@ -19,7 +19,7 @@ from clotho.sandbox.config import DEFAULT_PATH
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import HarborTrial, run_trial
-from clotho.verify.integrity import parse_reward_json, parse_reward_txt, run_verifier
+from clotho.tasks.verify import parse_reward_json, parse_reward_txt, run_verifier
 
 
 @pytest.mark.parametrize(("text", "value"), [("1", 1.0), ("0\n", 0.0), (" 0.25 ", 0.25)])

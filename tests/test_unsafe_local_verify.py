@@ -22,7 +22,7 @@ from clotho.sandbox.pool import SlotPool
 from clotho.sandbox.unsafe_local import UnsafeLocalSandbox, private_mounts_available
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import HarborTrial, run_trial
-from clotho.verify.integrity import run_verifier
+from clotho.tasks.verify import run_verifier
 
 needs_private_mounts = pytest.mark.skipif(
     not private_mounts_available(), reason="private mount namespaces need root and unshare"

@@ -33,7 +33,7 @@ from clotho.swe.log_parsers import OUTCOME, get_parser
 from clotho.swe.repos import patch_files
 from clotho.swe.runner import TestCase, outcomes, parse_junit, runner_files
 from clotho.swe.specs import ResolvedSpec, registry
-from clotho.verify.integrity import ProgramDigests, check_links, stop_and_check
+from clotho.verify.integrity import ProgramDigests, check_links, fresh_exec, stop_and_check
 
 WORK = "/tmp/clotho-swe"
 JUNIT_MAX_BYTES = 32 << 20
@@ -153,11 +153,7 @@ if [ -s "$D/test.patch" ]; then {g} apply --whitespace=nowarn "$D/test.patch"; f
 
 async def _fresh(sandbox: Sandbox, cmd: str, what: str, **kwargs: object) -> str:
     kwargs.setdefault("timeout", _PREP_TIMEOUT_S)
-    result = await sandbox.exec_fresh(cmd, **kwargs)  # type: ignore[arg-type]
-    if not result.ok:
-        detail = (result.stderr or result.stdout).strip()[-500:]
-        raise VerifierError(f"cannot {what} (exit code {result.exit_code}): {detail}")
-    return result.stdout
+    return await fresh_exec(sandbox, cmd, what, **kwargs)
 
 
 async def _read_capped(sandbox: Sandbox, path: str, cap: int) -> str | None:

@@ -14,7 +14,8 @@ from clotho.sandbox.pool import SlotPool
 from clotho.tasks.base import EvalTask, TrialOptions
 from clotho.tasks.environment import environment_spec, upload_workspace
 from clotho.tasks.harbor import Task
-from clotho.verify.integrity import ProgramDigests, program_digests, run_verifier
+from clotho.tasks.verify import program_digests, run_verifier
+from clotho.verify.integrity import ProgramDigests
 
 
 class HarborTrial:

@@ -1,59 +1,34 @@
-"""Run a task's tests after the agent is done, in a world the agent did not shape.
+"""The integrity kit every verifier uses, whatever the task format: the world the tests
+run in must be the one the agent did not shape.
 
-Before the agent starts, the digests of the programs the tests will run (the shells and
-interpreters, and every command `test.sh` names, in every PATH directory) are taken from
-outside the sandbox. After the agent, its processes are held (frozen) and what it changed
-is judged from the backend's complete list of changes (`runner_rules.py`): a replaced or
-shadowed program, or a change to what the runner relies on (loader, standard library,
-start-up hooks, pytest's configuration and plugins), is a `TamperError` and the tests never
-run. When the agent left processes (services a task asked for), the tests run in a twin of
-the sandbox that shares only its network (`Sandbox.verification_twin`) and the agent's
-processes serve them; otherwise they are ended and the tests run in place. Either way the
-reward folder and `/tests` are made afresh (a link the agent planted is removed, never
-followed), links landing there are refused, the tests run in a fresh process with a clean,
-pinned environment in the workdir, whatever they started is stopped, and the reward is read only
-from a regular file, with a size cap. A reward that is missing, unreadable or outside the
-task's range is a `VerifierError`, never 0.
+Before the agent starts, the digests of the programs the tests will run are taken from
+outside the sandbox (`ProgramDigests`). After the agent, its processes are stopped or held
+(`stop_and_check`, `check_runner`) and what it changed is judged from the backend's complete
+list of changes (`runner_rules.py`): a replaced or shadowed program, or a change to what the
+runner relies on (loader, standard library, start-up hooks, pytest's configuration and
+plugins), is a `TamperError` and the tests never run. Links the agent left that land where
+the harness writes after it are refused (`check_links`), and the bytecode it left in the
+runner's folders is removed (`remove_bytecode`). Commands of the harness run through
+`fresh` (`Sandbox.exec_fresh`: a new process, nothing of the agent's session); one that fails
+is a `VerifierError`. The task formats (`tasks/verify.py`, `swe/verify.py`) say which
+programs, which folders and which tests.
 """
 
 from __future__ import annotations
 
-import asyncio
-import io
-import json
-import math
 import posixpath
 import re
 import shlex
-import tarfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from clotho.errors import TamperError, VerifierError
-from clotho.rollout.outcome import VerifierOutcome
 from clotho.sandbox.base import PathChange, Sandbox
-from clotho.sandbox.config import DEFAULT_PATH
 from clotho.verify import runner_rules
-from clotho.tasks.harbor import Task
 
-TESTS_MOUNT = "/tests"
-LOGS_DIR = "/logs/verifier"
-REWARD_MAX_BYTES = 64 << 10
-_OUTPUT_TAIL = 8000
-_PREP_TIMEOUT_S = 120.0
+PREP_TIMEOUT_S = 120.0
 
-# What a test script runs besides the commands it names: shells, interpreters, runners.
-BASE_PROGRAMS = (
-    "bash", "sh", "env", "python3", "python", "pytest", "node", "perl", "uv", "uvx",
-    "timeout", "cat", "head", "grep", "sed", "awk", "jq", "diff", "cmp", "test", "mkdir",
-    "rm", "tar", "find", "echo", "printf", "sort", "wc", "tr", "git", "sqlite3",
-    "chmod", "stat",  # the verifier's own folder preparation and reward inspection run them
-    "readlink",  # the check of where the agent's links land (`check_links`)
-    "ldconfig",  # rebuilds the loader's cache before the tests
-    "pip", "pip3", "curl", "apt-get", "apt", "dpkg",  # what test scripts install with
-    *(f"python3.{m}" for m in range(8, 15)),  # `uvx -p 3.13` finds its interpreter on PATH
-)  # fmt: skip
 # Python's start-up hooks: code in them runs inside every test interpreter.
 _SITE_DIRS = (
     "/usr/lib/python3/dist-packages",
@@ -65,15 +40,7 @@ ALWAYS_WATCHED = (
     "/etc/ld.so.preload",
     *(f"{d}/{hook}" for d in _SITE_DIRS for hook in ("sitecustomize.py", "usercustomize.py")),
 )
-# The verifier's own environment: no user site-packages the agent could have filled, and
-# installers' caches of the harness's (a wheel or environment the agent left in ~/.cache is
-# never what the tests' `pip install` or `uvx` run).
-VERIFIER_ENV = {
-    "PYTHONNOUSERSITE": "1",
-    "PIP_NO_CACHE_DIR": "1",
-    "UV_CACHE_DIR": "/logs/.uv-cache",
-}
-# Words of test.sh that name a file by its path (`source $HOME/.local/bin/env`, `/opt/x/run`).
+# Words of a test script that name a file by its path (`source $HOME/.local/bin/env`, `/opt/x/run`).
 _PATH_WORD = re.compile(r"(?<![:\w/.])(?:\$HOME|\$\{HOME\}|~)?/[A-Za-z0-9_.+/-]+")
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 _NOT_COMMANDS = {
@@ -81,40 +48,12 @@ _NOT_COMMANDS = {
     "esac", "in", "function", "select", "time", "exec", "command", "sudo", "nohup", "!",
 }  # fmt: skip
 
-# Make /logs/verifier and /tests afresh: a link (or a non-folder) is removed, never
-# followed; a folder (maybe a mount point) is emptied (by rm -rf, which follows no link: not
-# `find -delete`, which busybox's find lacks). Then unpack the tests from stdin.
-_PREPARE = f"""set -eu
-fresh() {{
-  if [ -L "$1" ] || {{ [ -e "$1" ] && [ ! -d "$1" ]; }}; then rm -f -- "$1"; fi
-  mkdir -p -- "$1"
-  find "$1" -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} +
-}}
-fresh /logs
-fresh {LOGS_DIR}
-fresh {TESTS_MOUNT}
-tar -x --no-same-owner -C {TESTS_MOUNT}
-chmod -R a+rX {TESTS_MOUNT} {LOGS_DIR}
-# The loader's cache is derived: rebuilt from its (checked) configuration, never the agent's.
-if command -v ldconfig >/dev/null 2>&1; then ldconfig 2>/dev/null || true; fi
-"""
 # Remove the NUL-separated files named on stdin (regular files or links, never a folder).
 _REMOVE = """while IFS= read -r -d '' p; do
   if [ -L "$p" ] || [ -f "$p" ]; then rm -f -- "$p"; fi
 done
 true
 """
-# Which reward file is there, and what it is: nothing is read yet.
-_INSPECT = f"""for name in reward.json reward.txt; do
-  f={LOGS_DIR}/$name
-  if [ -L "$f" ]; then echo "$name link"
-  elif [ ! -e "$f" ]; then echo "$name missing"
-  elif [ ! -f "$f" ]; then echo "$name special"
-  else echo "$name $(stat -c %s -- "$f")"; fi
-done
-"""
-
-
 # `.pth` files in the site folders whose `import` lines Python runs at every interpreter's
 # start, changed (ctime) since the baseline: listed, never run (grep skips FIFOs/devices).
 # A find without -newerct (busybox) lists nothing: the check is best effort there.
@@ -136,7 +75,7 @@ class ProgramDigests:
     path_dirs: list[str]
     names: list[str]
     digests: dict[str, str | None]
-    files: list[str] = field(default_factory=list)  # named by path in test.sh
+    files: list[str] = field(default_factory=list)  # named by path in the test script
     # Host clock when taken: a start-up hook changed after it is the agent's (the sandbox
     # shares the host's clock; nobody in it can set a file's ctime back).
     taken_at: float = field(default_factory=time.time)
@@ -198,13 +137,8 @@ def named_commands(script: str) -> set[str]:
     return names
 
 
-def _verifier_path(task: Task) -> list[str]:
-    path = task.config.verifier.env.get("PATH", DEFAULT_PATH)
-    return [d.rstrip("/") for d in path.split(":") if d.startswith("/")]
-
-
 def named_paths(script: str, home: str = "/root") -> tuple[list[str], list[str]]:
-    """(files, bin folders) of the runner that test.sh names by path: a file it sources
+    """(files, bin folders) of the runner that a test script names by path: a file it sources
     (`source $HOME/.local/bin/env`: code the tests' shell runs, which may put its folder on
     PATH) and each `bin` folder it names, searched for the runner's programs. What it runs
     by path otherwise (`/app/run.sh`) may be the agent's work the tests judge."""
@@ -230,121 +164,23 @@ def named_paths(script: str, home: str = "/root") -> tuple[list[str], list[str]]
     return sorted(files), sorted(folders)
 
 
-async def program_digests(task: Task, sandbox: Sandbox) -> ProgramDigests:
-    """Taken before the agent starts, from outside the sandbox."""
-    script = task.tests_dir / "test.sh"
-    text = await asyncio.to_thread(script.read_text, errors="replace") if script.is_file() else ""
-    names = sorted(set(BASE_PROGRAMS) | named_commands(text))
-    files, folders = named_paths(text)
-    dirs = _verifier_path(task)
-    dirs = [*folders, *(d for d in dirs if d not in folders)]  # sourced: ahead on PATH
-    baseline = ProgramDigests(path_dirs=dirs, names=names, digests={}, files=files)
-    baseline.digests = await sandbox.digests(baseline.paths)
-    return baseline
-
-
-def _number(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise VerifierError(f"{where}: reward must be a number, got {str(value)[:100]!r}")
-    try:
-        number = float(value)
-    except OverflowError as exc:
-        raise VerifierError(f"{where}: reward is too large to be a number") from exc
-    if not math.isfinite(number):
-        raise VerifierError(f"{where}: reward must be finite, got {value!r}")
-    return number
-
-
-def parse_reward_json(text: str) -> tuple[float, dict[str, float]]:
-    """`{"reward": 1}` or named rewards `{"tests": 1, "style": 0.5}` (their mean is the reward)."""
-    where = f"{LOGS_DIR}/reward.json"
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # also: integers past 4300 digits, deep nesting
-        raise VerifierError(f"{where}: not a readable reward: {str(exc)[:200]}") from exc
-    if isinstance(data, int | float) and not isinstance(data, bool):
-        return _number(data, where), {}
-    if not isinstance(data, dict) or not data:
-        raise VerifierError(f"{where}: expected an object of named rewards, got {text[:100]!r}")
-    rewards = {str(k)[:200]: _number(v, f"{where} [{str(k)[:200]}]") for k, v in data.items()}
-    if "reward" in rewards:
-        return rewards["reward"], rewards
-    return sum(rewards.values()) / len(rewards), rewards
-
-
-def parse_reward_txt(text: str) -> float:
-    where = f"{LOGS_DIR}/reward.txt"
-    stripped = text.strip()
-    try:
-        value = float(stripped)
-    except (ValueError, OverflowError) as exc:
-        raise VerifierError(f"{where}: expected one number, got {stripped[:100]!r}") from exc
-    return _number(value, where)
-
-
-def _in_range(task: Task, reward: float, rewards: dict[str, float]) -> None:
-    low, high = task.config.verifier.reward_range
-    for name, value in {"reward": reward, **rewards}.items():
-        if not low <= value <= high:
-            raise VerifierError(
-                f"{LOGS_DIR}: {name} {value:g} is outside the task's reward range "
-                f"[{low:g}, {high:g}] (declare [verifier] reward_range to allow it)"
-            )
-
-
-def _tests_tar(task: Task) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(task.tests_dir, arcname=".")
-    return buffer.getvalue()
-
-
-async def _fresh(sandbox: Sandbox, cmd: str, what: str, **kwargs: object) -> str:
-    result = await sandbox.exec_fresh(cmd, timeout=_PREP_TIMEOUT_S, **kwargs)  # type: ignore[arg-type]
+async def fresh_exec(sandbox: Sandbox, cmd: str, what: str, **kwargs: object) -> str:
+    """A harness command in a fresh process (`exec_fresh`, `PREP_TIMEOUT_S` unless `timeout`
+    says otherwise): its stdout, or a `VerifierError` saying what could not be done."""
+    kwargs.setdefault("timeout", PREP_TIMEOUT_S)
+    result = await sandbox.exec_fresh(cmd, **kwargs)  # type: ignore[arg-type]
     if not result.ok:
         detail = (result.stderr or result.stdout).strip()[-500:]
         raise VerifierError(f"cannot {what} (exit code {result.exit_code}): {detail}")
     return result.stdout
 
 
-async def _read_reward(sandbox: Sandbox, test_exit: int, output: str) -> tuple[float, dict]:
-    """The one reward of the verification. Both files may be written (Harbor reads
-    reward.json first); when both are, they must agree: a program the tests ran (the agent's
-    own, judged by them) could have written one of them, and two verdicts that differ are
-    not the tests' verdict (`TamperError`), whichever file the forger chose."""
-    kinds = dict(
-        line.split(" ", 1)
-        for line in (await _fresh(sandbox, _INSPECT, "inspect the reward folder")).splitlines()
-    )
-    found: dict[str, tuple[float, dict[str, float]]] = {}
-    for name in ("reward.json", "reward.txt"):
-        kind = kinds.get(name, "missing")
-        if kind == "missing":
-            continue
-        if kind in ("link", "special"):
-            raise VerifierError(f"{LOGS_DIR}/{name} is a {kind}, not a regular file")
-        if int(kind) > REWARD_MAX_BYTES:
-            raise VerifierError(f"{LOGS_DIR}/{name} has {kind} bytes (at most {REWARD_MAX_BYTES})")
-        text = await _fresh(
-            sandbox, f"head -c {REWARD_MAX_BYTES} -- {LOGS_DIR}/{name}", f"read {name}"
-        )
-        found[name] = (
-            parse_reward_json(text) if name == "reward.json" else (parse_reward_txt(text), {})
-        )
-    if not found:
-        raise VerifierError(
-            f"tests/test.sh (exit code {test_exit}) wrote neither {LOGS_DIR}/reward.txt nor "
-            f"reward.json; its output ends with: {output[-500:]!r}"
-        )
-    if len(found) == 2 and not math.isclose(
-        found["reward.json"][0], found["reward.txt"][0], rel_tol=1e-9, abs_tol=1e-9
-    ):
-        raise TamperError(
-            f"{LOGS_DIR} holds two rewards that disagree (reward.json "
-            f"{found['reward.json'][0]:g}, reward.txt {found['reward.txt'][0]:g}): a program "
-            "the tests ran wrote one of them; the verdict is not the tests'"
-        )
-    return found.get("reward.json") or found["reward.txt"]
+async def remove_bytecode(sandbox: Sandbox, changes: list[PathChange] | None) -> None:
+    """Remove the Python bytecode the agent left in the runner's folders (derived: compiled
+    again from source by the tests' interpreters; `runner_rules.bytecode`)."""
+    if compiled := runner_rules.bytecode(changes or []):
+        stdin = b"".join(p.encode(errors="surrogateescape") + b"\0" for p in compiled)
+        await fresh_exec(sandbox, _REMOVE, "remove the agent's Python bytecode", stdin=stdin)
 
 
 async def stop_and_check(
@@ -373,7 +209,7 @@ async def check_runner(
             script = _CHANGED_HOOKS.format(
                 dirs=" ".join(_SITE_DIRS), since=int(baseline.taken_at) - 1
             )
-            hooks = await _fresh(sandbox, script, "look for changed Python start-up hooks")
+            hooks = await fresh_exec(sandbox, script, "look for changed Python start-up hooks")
             found = [f"{path} (a .pth with import lines) changed" for path in hooks.splitlines()]
         else:
             review = runner_rules.review(changes, sandbox.workdir)
@@ -388,14 +224,9 @@ async def check_runner(
 
 
 async def _fresh_in(sandbox: Sandbox, cmd: str, what: str, stdin: bytes) -> str:
-    return await _fresh(sandbox, cmd, what, stdin=stdin)
+    return await fresh_exec(sandbox, cmd, what, stdin=stdin)
 
 
-# Where the harness writes after the agent: a link of the agent's landing there makes the tests
-# read the harness's own files (their expected output, the reward) as the agent's work.
-HARNESS_ROOTS = (TESTS_MOUNT, "/logs", "/solution")
-# Made afresh by `_PREPARE` before the check: what is in them now is the harness's.
-_FRESH_ROOTS = (TESTS_MOUNT, "/logs")
 # Where each candidate link lands, resolved in the sandbox (after /tests exists, so a link
 # to a test file resolves): `readlink -f`, else `readlink -m` (a missing folder on the way),
 # else the link's own text. Input: NUL-separated, "L<path>" a path to test, "D<path>" a
@@ -452,7 +283,7 @@ def _under(path: str, roots: Sequence[str]) -> str | None:
     return None
 
 
-def _link_candidates(changes: list[PathChange], fresh: Sequence[str] = _FRESH_ROOTS) -> bytes:
+def _link_candidates(changes: list[PathChange], fresh: Sequence[str]) -> bytes:
     """What to resolve: each changed path that is (or may be) a link, and each folder added
     whole (the top-most ones) to search for links under it, unless the backend already
     listed its entries with their types. The fresh folders hold only the harness's files."""
@@ -466,9 +297,7 @@ def _link_candidates(changes: list[PathChange], fresh: Sequence[str] = _FRESH_RO
     return b"".join(item.encode(errors="surrogateescape") + b"\0" for item in items)
 
 
-def _planted(
-    output: str, roots: Sequence[str] = HARNESS_ROOTS, fresh: Sequence[str] = _FRESH_ROOTS
-) -> list[str]:
+def _planted(output: str, roots: Sequence[str], fresh: Sequence[str]) -> list[str]:
     """The links (of the landing script's output) that land where the harness writes."""
     fields = output.split("\0")
     found: list[str] = []
@@ -487,13 +316,14 @@ async def check_links(
     sandbox: Sandbox,
     baseline: ProgramDigests | None,
     changes: list[PathChange] | None,
-    roots: Sequence[str] = HARNESS_ROOTS,
-    fresh: Sequence[str] = _FRESH_ROOTS,
+    roots: Sequence[str],
+    fresh: Sequence[str],
 ) -> None:
-    """Refuse (`TamperError`) a link the agent left that lands in /tests, /logs or /solution
-    (`roots`: where the harness writes after the agent; `fresh`: those it made afresh, whose
-    links are its own): the tests would compare the harness's own files with themselves (a
-    workspace file linked to the expected output passes). Run after the harness made its
+    """Refuse (`TamperError`) a link the agent left that lands in `roots` (where the harness
+    writes after the agent: a Harbor task's /tests, /logs and /solution, a SWE instance's
+    harness folder; `fresh`: those it made afresh, whose links are its own): the tests would
+    compare the harness's own files with themselves (a workspace file linked to the expected
+    output passes). Run after the harness made its
     folders (the targets exist), before the tests. Judged on the backend's list of changed
     paths; when it cannot tell (None), on a `find` of every link in the sandbox (see
     `_FALLBACK_FIND`). `sandbox` may be the twin of the one whose `changes` these are: its
@@ -509,72 +339,10 @@ async def check_links(
             return  # no link among the changes (the backend saw every type): nothing to run
         script = _LANDINGS
     script = script.replace("@LANDINGS@", pattern)
-    output = await _fresh(sandbox, script, "resolve the agent's links", stdin=stdin)
+    output = await fresh_exec(sandbox, script, "resolve the agent's links", stdin=stdin)
     if planted := _planted(output, roots, fresh):
         raise TamperError(
             "links the agent left land where the harness writes after it ("
             + "; ".join(planted[:10])
             + "): the tests would read the harness's files as the agent's; the tests were not run"
         )
-
-
-async def run_verifier(
-    task: Task,
-    sandbox: Sandbox,
-    baseline: ProgramDigests | None = None,
-    timeout_s: float | None = None,
-) -> VerifierOutcome:
-    """The task's verdict on what the agent left in `sandbox` (see the module docstring)."""
-    timeout_s = timeout_s or task.config.verifier.timeout_sec
-    if await sandbox.hold_agent():  # the agent left processes: they keep serving
-        changes = await check_runner(sandbox, baseline)
-        twin = await sandbox.verification_twin()
-        try:
-            return await _judge(task, twin, baseline, changes, timeout_s, sandbox.release_agent)
-        finally:
-            try:
-                await twin.close()
-            finally:
-                await sandbox.stop_agent()
-    changes = await stop_and_check(sandbox, baseline)
-    return await _judge(task, sandbox, baseline, changes, timeout_s)
-
-
-async def _judge(
-    task: Task,
-    world: Sandbox,
-    baseline: ProgramDigests | None,
-    changes: list[PathChange] | None,
-    timeout_s: float,
-    before_tests: Callable[[], Awaitable[None]] | None = None,
-) -> VerifierOutcome:
-    """Prepare /tests and the reward folder in `world`, refuse planted links, run the tests
-    there (in the workdir, as Harbor does, with the pinned environment) and read the one
-    reward."""
-    tests = await asyncio.to_thread(_tests_tar, task)
-    if compiled := runner_rules.bytecode(changes or []):  # derived: compiled again
-        stdin = b"".join(p.encode(errors="surrogateescape") + b"\0" for p in compiled)
-        await _fresh(world, _REMOVE, "remove the agent's Python bytecode", stdin=stdin)
-    await _fresh(world, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
-    await check_links(world, baseline, changes)
-    if before_tests is not None:
-        await before_tests()
-    result = await world.exec_fresh(
-        f"exec 2>&1; exec bash {TESTS_MOUNT}/test.sh",
-        timeout=timeout_s,
-        env={**VERIFIER_ENV, **task.config.verifier.env},
-        cwd=world.workdir,  # Harbor's: the image's WORKDIR (tests use relative paths)
-    )
-    await world.stop_agent()  # whatever the tests started (the agent's code among it)
-    output = (result.stdout + result.stderr)[-_OUTPUT_TAIL:]
-    if result.timed_out:
-        raise VerifierError(f"tests/test.sh timed out after {timeout_s:g} s")
-    reward, rewards = await _read_reward(world, result.exit_code, output)
-    _in_range(task, reward, rewards)
-    return VerifierOutcome(
-        reward=reward,
-        rewards=rewards,
-        exit_code=result.exit_code,
-        output=output,
-        duration_s=result.duration_s,
-    )
