@@ -105,7 +105,7 @@ def test_discover_reads_instance_files_beside_task_directories(
     options: SweOptions, make_task, tmp_path: Path
 ) -> None:
     task_dir = make_task("harbor-task")
-    tasks, errors = discover([TOY_INSTANCES, task_dir], swe=options)
+    tasks, errors = discover([TOY_INSTANCES, task_dir], options={"swe": options})
     assert not errors
     names = {t.name for t in tasks}
     assert "harbor-task" in names

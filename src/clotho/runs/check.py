@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+import clotho.swe  # noqa: F401  (registers the SWE task format with discovery)
 from clotho.agent.base import Agent
 from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.rollout import RolloutOutcome

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import clotho.swe  # noqa: F401  (registers the SWE task format with discovery)
 from clotho.errors import ConfigError, ErrorInfo
 from clotho.runs.metrics import latest
 from clotho.runs.records import EvalConfig, TrialRecord
@@ -87,7 +88,9 @@ async def plan_eval(config: EvalConfig, store: RunStore, resume: bool) -> EvalPl
     skips = await asyncio.to_thread(
         default_skips, backend_names(config.sandbox), config.default_skips
     )
-    tasks, task_errors = await asyncio.to_thread(discover, [Path(p) for p in config.paths], swe=swe)
+    tasks, task_errors = await asyncio.to_thread(
+        discover, [Path(p) for p in config.paths], options={"swe": swe}
+    )
     tasks = select(tasks, config.filter, config.skip)
     kept = select(tasks, [], skips)
     skipped = sorted({t.name for t in tasks} - {t.name for t in kept})

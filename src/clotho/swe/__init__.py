@@ -2,6 +2,7 @@
 with cheap per-commit snapshots, FAIL_TO_PASS + PASS_TO_PASS verification from nothing the
 agent controls, and procedural bug generation (`clotho swe generate`)."""
 
+import clotho.swe.format  # noqa: F401  (registers the SWE task format with discovery)
 from clotho.swe.instance import SweInstance, SweOptions, load_instances
 from clotho.swe.trial import SweTrial
 
