@@ -13,9 +13,10 @@ from tests.conftest import TaskFactory, requires_bwrap
 from tests.support import wait_for_value
 
 from clotho.errors import ErrorInfo, ErrorKind
+from clotho.rollout.run import RetryBudget
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, TrialRecord
-from clotho.runs.schedule import RetryBudget
+from clotho.runs.schedule import retry_budget
 from clotho.sandbox import cgroups
 from clotho.sandbox.backends import LocalBackend
 from clotho.sandbox.config import LocalSandboxConfig
@@ -38,7 +39,7 @@ def test_only_infra_errors_are_retried_and_the_budget_holds() -> None:
     assert budget.take(infra, 1)
     assert not budget.take(infra, 1), "the run's budget of 3 is spent"
     assert budget.used == 3
-    default = RetryBudget.of(EvalConfig(paths=["x"], concurrency=4), pending=40)
+    default = retry_budget(EvalConfig(paths=["x"], concurrency=4), pending=40)
     assert (default.per_attempt, default.left) == (2, 10)
 
 

@@ -39,7 +39,7 @@ from clotho.rollout import (
     run_retried,
     run_rollout,
 )
-from clotho.runs.schedule import RetryBudget
+from clotho.rollout.run import RetryBudget
 from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.sandbox.backends import missing_extra
 from clotho.sandbox.pool import SlotPool

@@ -191,9 +191,30 @@ async def _phases(
 
 
 class Retries(Protocol):
-    """Which failed tries run again (`clotho.runs.schedule.RetryBudget`)."""
+    """Which failed tries run again (`RetryBudget`)."""
 
     def take(self, error: ErrorInfo | None, tries: int) -> bool: ...
+
+
+class RetryBudget:
+    """Which failed tries run again within the run: only errors of a retried kind (infra:
+    a lost node, a broken backend; never the agent's, the task's or the verifier's), at most
+    `per_attempt` times each and `total` times in all (a broken cluster is not retried
+    forever: past the budget, failures are recorded for `--resume`)."""
+
+    def __init__(self, per_attempt: int, total: int) -> None:
+        self.per_attempt = per_attempt
+        self.left = total
+        self.used = 0
+
+    def take(self, error: ErrorInfo | None, tries: int) -> bool:
+        """Whether the try that ended with `error`, the `tries`-th of its attempt, runs again;
+        a yes spends one retry of the run's budget."""
+        if error is None or not error.retried or tries > self.per_attempt or self.left <= 0:
+            return False
+        self.left -= 1
+        self.used += 1
+        return True
 
 
 async def run_retried(

@@ -2,7 +2,7 @@
 path, and record every outcome in a run directory as it ends.
 
 An attempt the infrastructure lost (an infra error: its node died, its backend broke) runs
-again within the run, within the retry budget (`schedule.RetryBudget`): its failed try is
+again within the run, within the retry budget (`rollout.run.RetryBudget`): its failed try is
 written first (so a crash leaves it for `--resume`), then superseded by the retry's line,
 so results.jsonl keeps one line per attempt and metrics never count the lost try. The retry
 queues behind the attempts already waiting, after a short pause; a new sandbox is opened
@@ -25,7 +25,7 @@ from clotho.rollout import RolloutOutcome, run_retried, run_rollout
 from clotho.runs.metrics import compute_metrics
 from clotho.runs.plan import EvalPlan, plan_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialDetail, TrialRecord
-from clotho.runs.schedule import EnvironmentScheduler, RetryBudget
+from clotho.runs.schedule import EnvironmentScheduler, retry_budget
 from clotho.runs.store import RunStore
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.tasks.base import EvalTask
@@ -142,7 +142,7 @@ async def _run_pending(
     an attempt lost to the infrastructure is tried again within the run's retry budget."""
     scheduler = EnvironmentScheduler(pool, config, plan.pending)
     semaphore = asyncio.Semaphore(config.concurrency)
-    budget = RetryBudget.of(config, len(plan.pending))
+    budget = retry_budget(config, len(plan.pending))
 
     async def once(index: int, task: EvalTask, attempt: int, retry: bool) -> RolloutOutcome:
         try:

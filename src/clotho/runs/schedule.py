@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from types import TracebackType
 
-from clotho.errors import ErrorInfo
+from clotho.rollout.run import RetryBudget
 from clotho.runs.records import EvalConfig
 from clotho.sandbox import PreparedEnvironment
 from clotho.sandbox.pool import SlotPool
@@ -86,31 +86,12 @@ class EnvironmentScheduler:
         )
 
 
-class RetryBudget:
-    """Which failed tries run again within the run: only errors of a retried kind (infra:
-    a lost node, a broken backend; never the agent's, the task's or the verifier's), at most
-    `per_attempt` times each and `total` times in all (a broken cluster is not retried
-    forever: past the budget, failures are recorded for `--resume`)."""
-
-    def __init__(self, per_attempt: int, total: int) -> None:
-        self.per_attempt = per_attempt
-        self.left = total
-        self.used = 0
-
-    @classmethod
-    def of(cls, config: EvalConfig, pending: int) -> RetryBudget:
-        total = config.retry_budget
-        if total is None:
-            # A lost node or a daemon hiccup can fail every attempt in flight at once (twice
-            # is allowed); more than a quarter of the run lost says the infrastructure is down.
-            total = max(2 * config.concurrency, -(-pending // 4))
-        return cls(config.retries, total)
-
-    def take(self, error: ErrorInfo | None, tries: int) -> bool:
-        """Whether the try that ended with `error`, the `tries`-th of its attempt, runs again;
-        a yes spends one retry of the run's budget."""
-        if error is None or not error.retried or tries > self.per_attempt or self.left <= 0:
-            return False
-        self.left -= 1
-        self.used += 1
-        return True
+def retry_budget(config: EvalConfig, pending: int) -> RetryBudget:
+    """The run's budget: `retries` per attempt, `retry_budget` in all, by default enough for
+    every attempt in flight lost twice or a quarter of the run, whichever is more."""
+    total = config.retry_budget
+    if total is None:
+        # A lost node or a daemon hiccup can fail every attempt in flight at once (twice
+        # is allowed); more than a quarter of the run lost says the infrastructure is down.
+        total = max(2 * config.concurrency, -(-pending // 4))
+    return RetryBudget(config.retries, total)
