@@ -301,6 +301,13 @@ async def browser_for(sandbox: Sandbox) -> BrowserSession:
     lock = _starting.setdefault(sandbox, asyncio.Lock())
     async with lock:
         session = _sessions.get(sandbox)
+        if session is not None and session.alive:
+            # The agent may have ended Chromium (it is a process of the sandbox): a dead one
+            # never answers, and its pipe's end follows, so this settles either way.
+            try:
+                await session.conn.send("Browser.getVersion", timeout=ACTION_TIMEOUT_S)
+            except CdpError:
+                await session.conn.close()
         if session is None or not session.alive:
             session = await open_browser(sandbox)
             _sessions[sandbox] = session
