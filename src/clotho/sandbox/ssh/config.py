@@ -7,7 +7,7 @@ it is isolated on the remote host (bubblewrap, or nothing when the host has none
 sandbox's stated fact (`SshSandbox.facts`), said once at run time too.
 
 Fields left unset are read from `CLOTHO_SSH_HOST`, `CLOTHO_SSH_PORT`, `CLOTHO_SSH_USER`,
-`CLOTHO_SSH_KEY` and `CLOTHO_SSH_KNOWN_HOSTS`, so `clotho sandbox ls/gc` finds a configured
+`CLOTHO_SSH_KEY`, `CLOTHO_SSH_KNOWN_HOSTS` and `CLOTHO_SSH_ROOT`, so `clotho sandbox ls/gc` finds a configured
 host's leftovers without a flag of its own.
 """
 
@@ -73,9 +73,9 @@ class SshSandboxConfig(SandboxConfigBase):
     )
     connect_timeout_s: float = Field(20.0, gt=0)
     remote_root: str | None = Field(
-        None,
+        default_factory=lambda: _env("ROOT"),
         description="clotho's folder on the remote host, one sub-folder per sandbox "
-        "(default: ~/.clotho-ssh of the remote user)",
+        "(CLOTHO_SSH_ROOT; default: ~/.clotho-ssh of the remote user)",
     )
     isolation: Literal["auto", "bwrap", "none"] = Field(
         "auto",
