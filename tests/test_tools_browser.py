@@ -14,6 +14,7 @@ import shutil
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.conftest import EXAMPLES
@@ -264,3 +265,62 @@ async def test_an_agent_loop_drives_the_browser(sandbox: Sandbox) -> None:
         assert result.stop_reason == "finished" and not result.tool_errors
         tool_message = server.messages(-1)[-1]
         assert tool_message["role"] == "tool" and "The other page" in tool_message["content"]
+
+
+def test_clotho_eval_solves_the_bundled_task_with_the_browser(tmp_path: Path) -> None:
+    """`clotho eval --agent llm` on the bundled browser task, the model a scripted test double
+    that reads what the tools return: the code it writes comes from the page it was shown,
+    and the task's own tests score it 1."""
+    from tests.scripted_openai import ScriptedOpenAIServer, assistant, tool_call
+    from tests.test_eval_cli import clotho, results
+
+    def last_tool_text(body: dict[str, Any]) -> str:
+        return str(body["messages"][-1]["content"])
+
+    def fill(body: dict[str, Any]) -> dict[str, Any]:
+        page = last_tool_text(body)
+        rows = dict(re.findall(r"(P-\d{4}) \| Oslo \| ([\d.]+)", page))
+        heaviest = max(rows, key=lambda k: float(rows[k]))
+        return assistant(
+            "",
+            [tool_call("browser_type", {"ref": ref_of(page, 'name="parcel"'), "text": heaviest})],
+        )
+
+    def choose(body: dict[str, Any]) -> dict[str, Any]:
+        page = last_tool_text(body)
+        ref = ref_of(page, 'name="service"')
+        return assistant("", [tool_call("browser_select", {"ref": ref, "option": "Express"})])
+
+    def send(body: dict[str, Any]) -> dict[str, Any]:
+        page = last_tool_text(body)
+        return assistant("", [tool_call("browser_click", {"ref": ref_of(page, "dispatch")})])
+
+    def write(body: dict[str, Any]) -> dict[str, Any]:
+        found = re.search(r"Confirmation code: (PCL-[0-9A-F]+)", last_tool_text(body))
+        code = found.group(1) if found else "NOT-SHOWN"
+        return assistant(
+            "", [tool_call("write_file", {"path": "confirmation.txt", "content": code + "\n"})]
+        )
+
+    script = [
+        assistant("", [tool_call("browser_navigate", {"url": "file:///app/site/index.html"})]),
+        fill,
+        choose,
+        send,
+        write,
+        assistant("Booked; the code is in /app/confirmation.txt."),
+    ]
+    tasks = tmp_path / "tasks"
+    shutil.copytree(TASK, tasks / TASK.name)
+    out = tmp_path / "run"
+    with ScriptedOpenAIServer(script) as server:
+        proc = clotho(
+            "eval", str(tasks), "--agent", "llm", "--model", "m", "--base-url", server.base_url,
+            "--set", 'toolsets=["coding","browser"]', "--out", str(out),
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (row,) = results(out)
+    assert row["stop_reason"] == "finished" and row["tool_calls"] == 5, row
+    assert row["passed"] is True and row["reward"] == 1.0, row
+    names = {t["function"]["name"] for t in server.requests[0]["tools"]}
+    assert {"terminal", "browser_navigate", "browser_click"} <= names

@@ -212,6 +212,8 @@ class BrowserSession:
             page = json.loads(raw)
         except (TypeError, ValueError) as exc:
             raise ToolFailure("the page could not be read") from exc
+        if not isinstance(page, dict):
+            raise ToolFailure("the page could not be read")
         return f"URL: {page.get('url')}\nTitle: {page.get('title')}\n\n{page.get('text')}"
 
     async def close(self) -> None:
