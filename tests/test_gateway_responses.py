@@ -214,28 +214,37 @@ async def test_previous_response_id_continues_the_trials_conversation(
     assert record.exchanges[2].error is not None and record.exchanges[2].error.kind == "agent"
 
 
-async def test_hosted_tools_are_left_out_and_images_refused(
+async def test_hosted_tools_are_left_out_namespaces_opened_and_images_refused(
     gateway: Gateway, scripted: ScriptedOpenAIServer
 ) -> None:
-    scripted.script = [Reply(assistant("ok"))]
+    """What codex sends: a hosted web search (left out: no tool of the run's model), a
+    `namespace` of functions (forwarded by name; a call of one names its namespace back)."""
+    spawn = {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}
+    namespace = {"type": "namespace", "name": "multi_agent", "tools": [spawn]}
+    scripted.script = [Reply(assistant("", [tool_call("spawn_agent", {})]))]
     trial, listener, sdk = await _sdk(gateway)
-    await sdk.responses.create(
-        model="m", input="hi", tools=[{"type": "web_search"}, SHELL_TOOL],  # type: ignore[list-item]
-    )  # fmt: skip
-    assert scripted.requests[0]["tools"] == [FORWARDED_TOOL]
+    tools: list[Any] = [{"type": "web_search"}, namespace, SHELL_TOOL]
+    reply = await sdk.responses.create(model="m", input="hi", tools=tools)
+    forwarded = {"type": "function", "function": {"name": "spawn_agent",
+                                                  "parameters": {"type": "object"}}}  # fmt: skip
+    assert scripted.requests[0]["tools"] == [forwarded, FORWARDED_TOOL]
+    [item] = reply.output
+    assert item.type == "function_call" and item.name == "spawn_agent"
+    recorded = trial.record.exchanges[0].response
+    assert recorded is not None and recorded["output"][0]["namespace"] == "multi_agent"
     image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
     with pytest.raises(openai.BadRequestError, match="only text content"):
         await sdk.responses.create(
             model="m",
             input=[{"role": "user", "content": [image]}],  # type: ignore[list-item]
         )
-    # Another trial's token, or none, is refused before anything is read.
+    # Another trial's token is refused before anything is read.
     async with httpx.AsyncClient(base_url=str(listener.url)) as http:
         refused = await http.post("/v1/responses", json={"input": "hi"},
                                   headers={"authorization": "Bearer clotho-gw-guess"})  # fmt: skip
     assert refused.status_code == 401 and "unknown" in refused.json()["error"]["message"]
     assert len(scripted.requests) == 1
-    gateway.close_trial(trial)
+    assert [e.status for e in gateway.close_trial(trial).exchanges] == [200, 400]
 
 
 async def test_the_turn_budget_refuses_a_responses_call(

@@ -1,9 +1,10 @@
 """The model gateway: an HTTP server a third-party agent takes for its model provider.
 
 It speaks OpenAI Chat Completions (`/v1/chat/completions`), the OpenAI Responses API
-(`/v1/responses`, responses.py) and Anthropic Messages (`/v1/messages`), streaming or not, tool calls included, and forwards each call to the run's
-model through its `ModelSession` (a chat endpoint, a token API or the embedded model: the same
-session clotho's own agent uses). Each trial gets a `GatewayTrial`: a bearer token of its own
+(`/v1/responses`, responses.py) and Anthropic Messages (`/v1/messages`), streaming or not,
+tool calls included, and forwards each call to the run's model through its `ModelSession`
+(a chat endpoint, a token API or the embedded model: the same session clotho's own agent
+uses). Each trial gets a `GatewayTrial`: a bearer token of its own
 (the real provider key stays in the host's `ModelConfig`, never in the sandbox), its budget
 (`GatewayLimits`: turns, tokens, wall clock; a call past it is refused with a 401 whose
 message names the limit), its usage count and its `GatewayRecord`.
