@@ -146,9 +146,9 @@ def test_the_agent_choice_is_the_registry() -> None:
         EvalConfig.model_validate({"paths": ["x"], "agent": "nope"})
 
 
-async def test_the_cli_takes_an_installed_agent(tmp_path: Path) -> None:
-    """`clotho eval --agent mini-swe-agent` through the CLI itself (typer), the sandbox
-    `unsafe-local`-free default: the nop-like giving-up script, reward 0, the record kept."""
+def test_the_cli_takes_an_installed_agent(tmp_path: Path) -> None:
+    """`clotho eval --agent mini-swe-agent` through the CLI itself (typer, its own event
+    loop), on the default local backend: the giving-up script, reward 0, the record kept."""
     from typer.testing import CliRunner
 
     from clotho.cli.main import app

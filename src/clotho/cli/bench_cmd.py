@@ -7,8 +7,10 @@ from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from clotho.bench.agents_bench import AgentsBench, run_agents_bench
 from clotho.bench.parsers_bench import ParsersBench, run_parsers_bench
 from clotho.bench.sandbox_bench import TARGETS, SandboxBench, SlotFigures, run_sandbox_bench
 from clotho.bench.scale_bench import ScaleBench, run_scale_bench
@@ -194,3 +196,66 @@ def scale_command(
         f"to ~{result.linear_up_to_nodes:.0f} nodes of this size; projected rollouts/s by "
         f"nodes: {projected}"
     )
+
+
+def _agents_table(result: AgentsBench) -> Table:
+    table = Table(
+        title=f"installed agents ({result.backend} sandboxes): the model server alone "
+        f"{result.model_alone_p50_ms:.3g} ms p50 per call ({result.calls} calls)"
+    )
+    for column in ("agent", "API", "gateway p50 ms", "added ms", "prepare s", "bind ms",
+                   "upload instead s", "install once s", "MB"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("agent", "API") else "right")
+
+    def cell(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3g}"
+
+    for row in result.agents:
+        table.add_row(
+            f"{row.agent} {row.version}",
+            row.api,
+            cell(row.gateway_p50_ms),
+            cell(row.gateway_overhead_ms),
+            cell(row.prepare_s),
+            cell(row.bind_ms),
+            cell(row.upload_s),
+            cell(row.install_once_s),
+            cell(row.install_mb),
+        )
+    return table
+
+
+@app.command("agents")
+def agents_command(
+    backend: Annotated[Literal["local", "docker"], typer.Option(help="sandbox backend")] = "local",
+    agent: Annotated[
+        list[str] | None, typer.Option("--agent", help="only this agent (repeatable)")
+    ] = None,
+    calls: Annotated[int, typer.Option(min=1, help="model calls timed per path")] = 200,
+    upload: Annotated[
+        bool, typer.Option("--upload/--no-upload", help="also time the upload fallback")
+    ] = True,
+    json_: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Per installed agent: the gateway's latency per model call against the model server
+    alone, and the sandbox's preparation (python probe, cached install, read-only bind)."""
+    from clotho.cli.running import user_errors
+
+    say = (
+        (lambda msg: None) if json_ else (lambda msg: console.print(f"[dim]measuring {msg} ...[/]"))
+    )
+    with user_errors(console):
+        result = asyncio.run(
+            run_agents_bench(backend, agents=agent, calls=calls, upload=upload, progress=say)
+        )
+    if json_:
+        print(result.model_dump_json())
+        return
+    console.print(_agents_table(result))
+    console.print(
+        "prepare: the image's python probe, the cached install and the read-only bind "
+        "(--json has each); upload: the copy a backend that cannot bind makes instead"
+    )
+    for row in result.agents:
+        if row.error:
+            console.print(f"[yellow]{escape(row.agent)}[/]: {escape(row.error)}")
