@@ -11,6 +11,7 @@ from clotho.cli.check_cmd import check_command
 from clotho.cli.env_cmd import evaluate_command, process_command
 from clotho.cli.eval_cmd import eval_command
 from clotho.cli.export_cmd import app as export_app
+from clotho.cli.generate_cmd import generate_command
 from clotho.cli.sandbox_cmd import app as sandbox_app
 from clotho.cli.serve_cmd import serve_command
 from clotho.cli.serve_model_cmd import serve_model_command
@@ -31,6 +32,7 @@ app.command("evaluate")(evaluate_command)
 app.command("api")(api_command)
 app.command("serve-model")(serve_model_command)
 app.command("view")(view_command)
+app.command("generate")(generate_command)
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(bench_app, name="bench")
 app.add_typer(swe_app, name="swe")
