@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -243,3 +244,31 @@ async def test_on_a_token_api_the_trial_carries_the_exact_tokens(tmp_path: Path)
     ]
     assert trained == given
     assert result.installed.gateway.sequences == result.sequences
+
+
+class _PluginAgent:
+    """An adapter another package declares (its fields are all the registry reads here)."""
+
+
+def test_other_packages_adapters_come_from_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry point in `clotho.installed_agents` naming an `InstalledAgent` subclass makes
+    it an `--agent` choice; one that does not load is said and skipped."""
+    import importlib.metadata
+
+    from clotho.installed_agents import base
+    from clotho.installed_agents.mini_swe_agent import MiniSweAgent
+
+    class Plugin(MiniSweAgent):
+        name = "plugin-agent"
+
+    monkeypatch.setattr(sys.modules[__name__], "_PluginAgent", Plugin)
+    points = [
+        importlib.metadata.EntryPoint("plugin", f"{__name__}:_PluginAgent", base.ENTRY_POINTS),
+        importlib.metadata.EntryPoint("broken", "no_such_module:X", base.ENTRY_POINTS),
+    ]
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: points)
+    monkeypatch.setattr(base, "_PLUGINS", [])
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    assert "plugin-agent" in base.agent_names()
+    assert isinstance(base.installed_agent("plugin-agent"), Plugin)
+    assert EvalConfig.model_validate({"paths": ["x"], "agent": "plugin-agent"}).agent

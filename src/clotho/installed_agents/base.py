@@ -21,6 +21,7 @@ import abc
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import shlex
 import shutil
@@ -42,12 +43,17 @@ from clotho.gateway.server import Gateway
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import ReadOnlyMount
 
-ModelApiName = Literal["openai-chat", "anthropic-messages"]
+ModelApiName = Literal["openai-chat", "openai-responses", "anthropic-messages"]
+# Adapters of other packages: an entry point in this group names an `InstalledAgent` subclass
+# (registered under its `name`) or a module that registers its own on import.
+ENTRY_POINTS = "clotho.installed_agents"
 # Where installs are exposed inside the sandbox: the cache's `agents` folder, bound read-only.
 AGENTS_MOUNT = "/opt/clotho-agents"
 # Where an agent's own logs and trajectory go (Harbor's convention).
 AGENT_LOGS = "/logs/agent"
 MAX_TRAJECTORY_BYTES = 64 << 20
+
+log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
@@ -113,10 +119,32 @@ def register_agent(name: str, factory: Callable[[], InstalledAgent]) -> None:
     _REGISTRY[name] = factory
 
 
-def installed_agent(name: str) -> InstalledAgent:
-    # The bundled adapters register themselves on import.
-    from clotho.installed_agents import mini_swe_agent  # noqa: F401
+_PLUGINS: list[str] = []  # entry points loaded (once per process)
 
+
+def _load_adapters() -> None:
+    """The bundled adapters (registered when the package is imported) and, once, those other
+    packages declare (`ENTRY_POINTS`); one that fails to load is said, never fatal."""
+    import clotho.installed_agents  # noqa: F401
+
+    if _PLUGINS:
+        return
+    _PLUGINS.append("loaded")
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINTS):
+        try:
+            found = point.load()
+        except Exception as exc:
+            log.warning("the installed agent %s (%s) did not load: %s", point.name, point.value,
+                        exc)  # fmt: skip
+            continue
+        if isinstance(found, type) and issubclass(found, InstalledAgent):
+            register_agent(found.name, found)
+
+
+def installed_agent(name: str) -> InstalledAgent:
+    _load_adapters()
     try:
         return _REGISTRY[name]()
     except KeyError:
@@ -125,8 +153,7 @@ def installed_agent(name: str) -> InstalledAgent:
 
 
 def agent_names() -> list[str]:
-    from clotho.installed_agents import mini_swe_agent  # noqa: F401
-
+    _load_adapters()
     return sorted(_REGISTRY)
 
 
