@@ -204,3 +204,136 @@ def test_clotho_eval_wandb_offline(make_task: Any, tmp_path: Path) -> None:
     assert logged["summary"]["pass_rate"] == 1.0
     (table,) = logged["tables"].values()
     assert sorted(row[0] for row in table["data"]) == ["one", "two"]
+
+
+def _outcome(messages: list[dict[str, Any]], errors: list[tuple[int, str, str]]) -> Any:
+    from clotho.agent.result import AgentResult, ToolErrorRecord
+    from clotho.rollout import RolloutOutcome
+
+    result = AgentResult(
+        messages=messages,
+        tool_errors=[
+            ToolErrorRecord(turn=turn, tool=tool, arguments="{}", error=error)
+            for turn, tool, error in errors
+        ],
+    )
+    return RolloutOutcome(reward=1.0, agent=result)
+
+
+def _conversation(n: int, reasoning: str) -> list[dict[str, Any]]:
+    call = {"id": "c1", "type": "function", "function": {"name": "nope", "arguments": "{}"}}
+    return [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": f"item {n}"},
+        {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": reasoning},
+        {"role": "tool", "tool_call_id": "c1", "content": "Error: unknown tool 'nope'"},
+        {"role": "assistant", "content": f"answer {n}"},
+    ]
+
+
+async def test_groups_log_tool_errors_reasoning_and_the_rollouts_kept(tmp_path: Path) -> None:
+    """Each group's step carries its rollouts' tool errors (found again by conversation),
+    the table its reasoning and conversation, one rollout per group and the last three rows
+    (the environment's num_rollouts_per_group_for_logging / num_rollouts_to_keep)."""
+    from clotho.env.config import EnvConfig
+    from clotho.env.scored import ScoredGroup
+    from clotho.runs.tracking import ToolErrorLog
+
+    config = EnvConfig(num_rollouts_per_group_for_logging=1, num_rollouts_to_keep=3)
+    errors = ToolErrorLog()
+    tracker = GroupTracker(
+        "clotho-test",
+        name="serve",
+        config=config.model_dump(mode="json"),
+        job_type="serve",
+        directory=tmp_path,
+        tool_errors=errors,
+    )
+    for g in range(4):
+        conversations = [_conversation(10 * g + r, f"think {g}.{r}") for r in range(2)]
+        for r, conversation in enumerate(conversations):  # as the environment's rollouts end
+            failures = [(1, "nope", "Error: unknown tool 'nope'")] * (r + g % 2)
+            await errors.observe(None, None, _outcome(conversation, failures))
+        tracker.log_group(
+            ScoredGroup(
+                tokens=[[1], [2]], masks=[[1], [2]], scores=[1.0, 0.0], messages=conversations
+            )
+        )
+    tracker.finish()
+    logged = read_offline_run(tmp_path)
+    steps = logged["history"]
+    assert [s["train/tool_errors_count"] for s in steps] == [1, 3, 1, 3]
+    assert steps[1]["train/tool_error_details"].splitlines() == [
+        "rollout 0, turn 1, nope: Error: unknown tool 'nope'",
+        "rollout 1, turn 1, nope: Error: unknown tool 'nope'",
+        "rollout 1, turn 1, nope: Error: unknown tool 'nope'",
+    ]
+    assert logged["config"]["num_rollouts_to_keep"] == 3
+    (table,) = logged["tables"].values()
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    assert [(r["group"], r["rollout"]) for r in rows] == [(1, 0), (2, 0), (3, 0)]
+    assert [r["tool_errors"] for r in rows] == [1, 0, 1]
+    assert rows[0]["reasoning"] == "think 1.0"
+    conversation = rows[0]["conversation"]
+    for block in (
+        "[SYSTEM]\nbe brief",
+        "[USER]\nitem 10",
+        "[ASSISTANT thinking]\nthink 1.0",
+        "[TOOL CALL] nope({})",
+        "[TOOL RESULT]\nError: unknown tool 'nope'",
+        "[ASSISTANT]\nanswer 10",
+    ):
+        assert block in conversation
+    assert conversation.index("[ASSISTANT thinking]") < conversation.index("[TOOL CALL]")
+
+
+def test_rollouts_kept_settings_are_checked() -> None:
+    from clotho.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="num_rollouts_per_group_for_logging"):
+        GroupTracker(
+            "clotho-test",
+            name="x",
+            config={"num_rollouts_per_group_for_logging": -2},
+            job_type="serve",
+        )
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_generate_wandb_logs_tool_errors_and_reasoning(tmp_path: Path) -> None:
+    """A real run (clotho generate, a sandbox, a scripted model: TEST DOUBLE for a hosted
+    model) logged from its run directory: each step's tool errors and the reasoning."""
+    from tests.scripted_openai import ScriptedOpenAIServer
+    from tests.test_generate import REASONING, agent_model, write_prompts
+
+    prompts = write_prompts(
+        tmp_path / "prompts.jsonl",
+        [
+            {"id": "a", "prompt": "RUN: echo hi", "verify": "true"},
+            {"id": "b", "prompt": "RUN: true"},
+        ],
+    )
+    out = tmp_path / "run"
+    with ScriptedOpenAIServer(default=agent_model()) as server:
+        result = subprocess.run(
+            [
+                sys.executable, "-m", "clotho", "generate", str(prompts), "--out", str(out),
+                "--base-url", server.base_url, "--model", "m", "-n", "1",
+                "--wandb", "clotho-generate-test",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HOME": str(tmp_path)},
+            timeout=300,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    logged = read_offline_run(out)
+    steps = logged["history"]
+    assert [s["trial/tool_errors_count"] for s in steps] == [1, 1]
+    assert all("no_such_tool: Error: unknown tool" in s["trial/tool_error_details"] for s in steps)
+    assert steps[-1]["eval/tool_errors"] == 2
+    (table,) = logged["tables"].values()
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    assert sorted(r["task"] for r in rows) == ["a", "b"]
+    assert all(r["reasoning"] == REASONING and r["tool_errors"] == 1 for r in rows)
+    assert all(f"[ASSISTANT thinking]\n{REASONING}" in r["conversation"] for r in rows)

@@ -139,6 +139,11 @@ def process_command(
             env, config, sets, model, base_url, group_size, tokenizer, ray=ray
         )
         exporter = await _sft_exporter(environment, sft_out, sft)
+        tool_errors = None
+        if wandb:  # the groups file has no tool errors: watched as the rollouts end
+            from clotho.runs.tracking import ToolErrorLog
+
+            tool_errors = ToolErrorLog().attach(environment)
         sink = JsonlSink(out)
         written: list[ScoredGroup] = []
 
@@ -169,7 +174,14 @@ def process_command(
             if wandb:
                 from clotho.runs.tracking import track_groups
 
-                track_groups(out, wandb, stats=environment.stats, name=f"process-{env}")
+                track_groups(
+                    out,
+                    wandb,
+                    stats=environment.stats,
+                    name=f"process-{env}",
+                    config=environment.config.model_dump(mode="json"),
+                    tool_errors=tool_errors,
+                )
             console.print(f"{len(written)} groups in {out} (report {out.with_suffix('.html')})")
             console.print(f"stats: {environment.stats.model_dump()}")
 

@@ -133,11 +133,16 @@ def serve_command(
         )
         tracker = None
         if wandb:
-            from clotho.runs.tracking import GroupTracker
+            from clotho.runs.tracking import GroupTracker, ToolErrorLog
 
             settings = environment.config.model_dump(mode="json")
             tracker = GroupTracker(
-                wandb, name=f"serve-{env}", config=settings, job_type="serve", directory=folder
+                wandb,
+                name=f"serve-{env}",
+                config=settings,
+                job_type="serve",
+                directory=folder,
+                tool_errors=ToolErrorLog().attach(environment),
             )
         client = AtroposClient(ApiClientConfig(url=api_url, token=api_token))
         store = StateDir(folder)

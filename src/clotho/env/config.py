@@ -80,3 +80,10 @@ class EnvConfig(BaseModel):
     steps_per_eval: int | None = Field(
         None, ge=0, description="serve runs evaluate() every this many trainer steps; 0/None: never"
     )
+    # Weights & Biases' rollouts table (`--wandb`), Atropos' names.
+    num_rollouts_per_group_for_logging: int = Field(
+        -1, ge=-1, description="rollouts of each group in the W&B rollouts table; -1: all"
+    )
+    num_rollouts_to_keep: int = Field(
+        256, ge=0, description="rows of the W&B rollouts table (the latest groups' rollouts)"
+    )
