@@ -28,14 +28,14 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clotho.errors import ConfigError, SandboxError
 from clotho.sandbox.backends import OpenRequest, SandboxBackend
-from clotho.sandbox.base import Sandbox
+from clotho.sandbox.base import ExecResult, FreshCall, Sandbox
 from clotho.sandbox.config import base_env
 from clotho.sandbox.leases import SandboxRecord, lease_labels
 from clotho.sandbox.shell import PersistentShell, ShellChannel, _Command
@@ -440,10 +440,12 @@ class SshSandbox(ShellBackedSandbox):
         xfer: str,
         facts: dict[str, Any],
         backend: SshBackend,
+        fresh: dict[str, Any],
     ) -> None:
         super().__init__(shell, workdir, labels)
         self._conn = conn
         self._backend = backend
+        self._fresh = fresh  # how `exec_fresh` starts: `remote.fresh`'s keyword arguments
         self.folder = folder
         self._xfer = xfer  # the transfer folder as the sandbox sees it
         self.facts = facts
@@ -552,6 +554,13 @@ class SshSandbox(ShellBackedSandbox):
                 xfer=xfer,
                 facts=stated,
                 backend=backend,
+                fresh={
+                    "bwrap": bwrap,
+                    "workdir": workdir,
+                    "env": base_env(home, config.env),
+                    "network": config.network,
+                    "limits": limits,
+                },
             )
         except BaseException:
             await asyncio.shield(_discard(backend, conn, folder))
@@ -699,6 +708,92 @@ class SshSandbox(ShellBackedSandbox):
         finally:
             await self._forget(name)
 
+    # -- verification -----------------------------------------------------------------------
+
+    async def _exec_fresh(self, call: FreshCall) -> ExecResult:
+        """A new process over the sandbox's files and nothing else of the agent's: under
+        bubblewrap a fresh one (its own pid namespace, the same folders: workspace, /tmp,
+        /root, /home, /opt, /var/tmp, /tests, /logs; /usr the host's, read-only), else a new
+        bash in the folder; killed with what it started at its timeout."""
+        import asyncssh
+
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        options = self._fresh
+        script = remote.fresh(
+            self.folder,
+            call.cmd,
+            cwd=self.resolve(call.cwd or self.workdir),
+            timeout=call.timeout,
+            **{**options, "env": {**options["env"], **(call.env or {})}},
+        )
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(call.timeout + _CONTROL_TIMEOUT_S):
+                proc = await self._conn.create_process(remote.bash(script), encoding=None)
+                async with proc:
+                    if call.stdin:
+                        proc.stdin.write(call.stdin)
+                    proc.stdin.write_eof()
+                    out, err = await asyncio.gather(
+                        _capped(proc.stdout, call.max_output_bytes),
+                        _capped(proc.stderr, call.max_output_bytes),
+                    )
+                    await proc.wait()
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            raise SandboxError(f"a fresh process on the ssh host failed: {exc}") from exc
+        duration = time.perf_counter() - started
+        # `timeout -s KILL` kills its process group, itself included: a signal, not a status.
+        killed = proc.exit_signal is not None and proc.exit_signal[0] == "KILL"
+        status = proc.exit_status
+        code = 137 if killed else (status if status is not None and status >= 0 else -1)
+        timed_out = code == 137 and duration >= call.timeout
+        return ExecResult(
+            exit_code=-9 if timed_out else code,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            timed_out=timed_out,
+            duration_s=duration,
+        )
+
+    async def stop_agent(self) -> None:
+        """Kill every process of the agent (its pid namespace under bubblewrap; without it,
+        its session and tree) and close its shell; the folder stays for verification."""
+        self._stopped = True
+        await self._backend.control(
+            remote.end_script(self.folder, remove=False), what="stopping the agent"
+        )
+        with contextlib.suppress(Exception):
+            await self._shell.close()
+
+    async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
+        """sha256 of each path as the sandbox sees it, by the host's own tools (its /usr,
+        read-only in the sandbox) in a fresh process: nothing of the agent's runs."""
+        lines = []
+        for path in paths:
+            q = shlex.quote(self.resolve(path))
+            lines.append(
+                f"if [ -L {q} ]; then printf 'link:'; readlink -- {q} | tr -d '\\n' | "
+                f"/usr/bin/sha256sum; elif [ -e {q} ]; then /usr/bin/sha256sum < {q} "
+                "2>/dev/null || echo -; else echo -; fi"
+            )
+        if not lines:
+            return {}
+        result = await self.exec_fresh("\n".join(lines), timeout=_CONTROL_TIMEOUT_S)
+        answers = result.stdout.splitlines()
+        if result.exit_code != 0 or len(answers) != len(paths):
+            raise SandboxError(f"digests on the ssh host failed: {result.stderr.strip()[:300]}")
+        out: dict[str, str | None] = {}
+        for path, answer in zip(paths, answers, strict=True):
+            text = answer.strip()
+            if text == "-":
+                out[path] = None
+            elif text.startswith("link:"):
+                out[path] = "link:" + text[5:].split()[0]
+            else:
+                out[path] = text.split()[0]
+        return out
+
     # -- teardown ---------------------------------------------------------------------------
 
     async def _end_processes(self) -> None:
@@ -760,6 +855,18 @@ async def _fetch(file: Any, target: Path, max_bytes: int, what: str) -> None:
                 await asyncio.to_thread(out.write, chunk)
             else:
                 out.write(chunk)
+
+
+async def _capped(stream: Any, limit: int) -> bytes:
+    """A stream read to its end, keeping its first `limit` bytes (the rest is drained, so
+    the writer never blocks and the host's memory stays bounded)."""
+    kept = bytearray()
+    while True:
+        chunk: bytes = await stream.read(_CHUNK)
+        if not chunk:
+            return bytes(kept)
+        if len(kept) < limit:
+            kept += chunk[: limit - len(kept)]
 
 
 def _pack(source: Path, tar_path: Path) -> None:

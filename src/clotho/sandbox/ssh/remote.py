@@ -81,37 +81,23 @@ def prepare_script(folder: str, root: str, marker: str) -> str:
     d, r = shlex.quote(folder), shlex.quote(root)
     return (
         f"set -e; umask 077; mkdir -p -- {r}; chmod 700 -- {r}; mkdir -- {d}; "
-        f"mkdir -- {d}/app {d}/xfer {d}/priv {d}/home; chmod 755 -- {d}/app {d}/xfer; "
+        f"mkdir -- {d}/app {d}/xfer {d}/priv {d}/home {d}/fs; chmod 755 -- {d}/app {d}/xfer; "
+        f"cd -- {d}/fs; mkdir -- {' '.join(KEPT.values())}; chmod 1777 tmp var-tmp; "
         f"printf '%s\\n' {shlex.quote(marker)} > {d}/lease.json"
     )
 
 
-def launcher(
-    folder: str,
-    *,
-    bwrap: bool,
-    workdir: str,
-    env: Mapping[str, str],
-    network: bool,
-    limits: Mapping[str, int],
-) -> str:
-    """The session's script: note the leader, set the limits, and become the sandbox's shell
-    (inside bubblewrap, or plain bash in the sandbox's folder)."""
-    d = shlex.quote(folder)
-    lines = [
-        f"d={d}",
-        'cd -- "$d" || exit 1',
-        "read -ra f < /proc/$$/stat",
-        'printf "%s %s\\n" "$$" "${f[21]}" > leader',
-    ]
-    ulimit = {"memory_kb": "-v", "processes": "-u", "file_kb": "-f"}
-    for key, value in limits.items():  # bash's -f counts 1024-byte blocks
-        lines.append(f"ulimit -S -H {ulimit[key]} {int(value)} || exit 1")
-    assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-    if not bwrap:
-        lines.append(f'cd -- "$d/app" && exec env -i {assignments} bash --noprofile --norc')
-        return "\n".join(lines) + "\n"
-    lines += [
+# Where the sandbox keeps what it writes outside its workspace: folders of its own on the
+# remote host (`fs/<name>`), bound in the agent's bubblewrap and in every fresh one, so
+# verification sees what the agent left there. /usr and the rest are the host's, read-only.
+KEPT = {"/tmp": "tmp", "/root": "root", "/home": "home", "/opt": "opt", "/var/tmp": "var-tmp",
+        "/tests": "tests", "/logs": "logs", "/solution": "solution"}  # fmt: skip
+
+
+def _bwrap_args(workdir: str, network: bool) -> list[str]:
+    """Bash lines that fill the array `a` with bubblewrap's arguments (`d`: the folder)."""
+    kept = " ".join(f'--bind "$d/fs/{name}" {place}' for place, name in KEPT.items())
+    return [
         "a=(--unshare-all --unshare-user --uid 0 --gid 0 --die-with-parent --new-session "
         "--cap-drop ALL --hostname clotho)",
         *(["a+=(--share-net)"] if network else []),
@@ -125,12 +111,77 @@ def launcher(
         "ld.so.conf.d alternatives ssl ca-certificates localtime bash.bashrc inputrc "
         "mime.types protocols services; do "
         '[ -e "/etc/$x" ] && a+=(--ro-bind "/etc/$x" "/etc/$x"); done',
-        "a+=(--dev /dev --proc /proc --tmpfs /tmp --tmpfs /run --tmpfs /root --tmpfs /home "
-        "--dir /var/tmp --dir /opt)",
-        f'a+=(--bind "$d/app" {shlex.quote(workdir)} --bind "$d/xfer" {XFER_MOUNT} '
-        f"--chdir {shlex.quote(workdir)})",
+        f"a+=(--dev /dev --proc /proc --tmpfs /run --dir /var {kept})",
+        f'a+=(--bind "$d/app" {shlex.quote(workdir)} --bind "$d/xfer" {XFER_MOUNT})',
+    ]
+
+
+def _head(folder: str, limits: Mapping[str, int]) -> list[str]:
+    lines = [f"d={shlex.quote(folder)}", 'cd -- "$d" || exit 1']
+    ulimit = {"memory_kb": "-v", "processes": "-u", "file_kb": "-f"}
+    for key, value in limits.items():  # bash's -f counts 1024-byte blocks
+        lines.append(f"ulimit -S -H {ulimit[key]} {int(value)} || exit 1")
+    return lines
+
+
+def launcher(
+    folder: str,
+    *,
+    bwrap: bool,
+    workdir: str,
+    env: Mapping[str, str],
+    network: bool,
+    limits: Mapping[str, int],
+) -> str:
+    """The session's script: note the leader, set the limits, and become the sandbox's shell
+    (inside bubblewrap, or plain bash in the sandbox's folder)."""
+    lines = [
+        *_head(folder, limits),
+        "read -ra f < /proc/$$/stat",
+        'printf "%s %s\\n" "$$" "${f[21]}" > leader',
+    ]
+    assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    if not bwrap:
+        lines.append(f'cd -- "$d/app" && exec env -i {assignments} bash --noprofile --norc')
+        return "\n".join(lines) + "\n"
+    lines += [
+        *_bwrap_args(workdir, network),
         f'exec 3>"$d/info"; exec env -i {assignments} bwrap --info-fd 3 "${{a[@]}}" '
-        "-- bash --noprofile --norc",
+        f"--chdir {shlex.quote(workdir)} -- bash --noprofile --norc",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def fresh(
+    folder: str,
+    cmd: str,
+    *,
+    bwrap: bool,
+    workdir: str,
+    cwd: str,
+    env: Mapping[str, str],
+    network: bool,
+    limits: Mapping[str, int],
+    timeout: float,
+) -> str:
+    """A fresh process on the sandbox's files, sharing nothing else with the agent: a new
+    bubblewrap (its own pid namespace) over the same folders, or a new bash in the folder;
+    killed with everything it started after `timeout` seconds (bubblewrap's namespace dies
+    with it)."""
+    assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    script = shlex.quote(f"cd -- {shlex.quote(cwd)} || exit 126\n{cmd}")
+    limit = f"timeout -s KILL {max(1, int(timeout + 0.999))}"
+    lines = _head(folder, limits)
+    if not bwrap:
+        lines.append(
+            f'cd -- "$d/app" && exec {limit} env -i {assignments} bash --noprofile --norc '
+            f"-c {script}"
+        )
+        return "\n".join(lines) + "\n"
+    lines += [
+        *_bwrap_args(workdir, network),
+        f'exec {limit} env -i {assignments} bwrap "${{a[@]}}" -- '
+        f"bash --noprofile --norc -c {script}",
     ]
     return "\n".join(lines) + "\n"
 
