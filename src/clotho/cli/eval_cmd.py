@@ -33,6 +33,7 @@ from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
 from clotho.runs.tracking import require_wandb, track_run
 from clotho.sandbox.config import sandbox_kinds
+from clotho.sandbox.remote_config import CREATE_CAPPED, DEFAULT_CREATE_CONCURRENCY
 
 if TYPE_CHECKING:
     from clotho.chat.tokenizer import TemplateTokenizer
@@ -324,6 +325,15 @@ def eval_command(
             "--sandbox says what each node runs"
         ),
     ] = None,
+    create_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="sandboxes being created at once on a cluster backend (ray, modal, nomad: "
+            f"sandbox.create_concurrency, default {DEFAULT_CREATE_CONCURRENCY}); only "
+            "creation waits, not the rollouts",
+        ),
+    ] = None,
     concurrency: Annotated[
         int | None, typer.Option(help="attempts running at once (default: 4)")
     ] = None,
@@ -471,6 +481,13 @@ def eval_command(
         data.setdefault("sandbox", {}).setdefault("backend", "local")
         if ray and data["sandbox"]["backend"] != "ray":
             data["sandbox"] = {"backend": "ray", "address": ray, "inner": data["sandbox"]}
+        if create_concurrency is not None:
+            if data["sandbox"]["backend"] not in CREATE_CAPPED:
+                raise ConfigError(
+                    f"--create-concurrency caps sandbox creation on {', '.join(CREATE_CAPPED)}; "
+                    f"this run's sandboxes are {data['sandbox']['backend']}"
+                )
+            data["sandbox"]["create_concurrency"] = create_concurrency
         eval_config = EvalConfig.model_validate(data)
     out = out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{eval_config.agent}"
     progress = Progress(

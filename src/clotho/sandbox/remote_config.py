@@ -17,6 +17,11 @@ from clotho.sandbox.config import Kinds, LocalSandboxConfig, Place, SandboxConfi
 if TYPE_CHECKING:
     from clotho.sandbox.backends import SandboxBackend
 
+# Sandboxes (Modal sandboxes, Nomad allocations) a run creates at once on a cluster backend.
+DEFAULT_CREATE_CONCURRENCY = 8
+# The cluster kinds that have `create_concurrency`.
+CREATE_CAPPED = ("ray", "modal", "nomad")
+
 # What a Ray node runs: any kind whose sandboxes live on one host.
 InnerConfig = Annotated[SandboxConfigBase, Kinds(place="host")]
 
@@ -56,6 +61,13 @@ class RaySandboxConfig(SandboxConfigBase):
         gt=0,
         description="limit on a host call beyond the command's own timeout (a lost node is "
         "noticed by Ray at once; this bounds a hung one)",
+    )
+    create_concurrency: int = Field(
+        DEFAULT_CREATE_CONCURRENCY,
+        ge=1,
+        description="sandboxes being created at once, run-wide (`clotho eval --create-concurrency`): "
+        "a burst of rollouts waits its turn rather than hitting the cluster's rate limits all at "
+        "once; only creation is capped, never the rollouts that use them",
     )
 
     # The pool and the sandboxes read these like any config's.
@@ -123,6 +135,13 @@ class ModalSandboxConfig(SandboxConfigBase):
     )
     exec_timeout_s: float = Field(600.0, gt=0, description="default per-command limit")
     reuse: bool = Field(True, description="reuse a named live sandbox when its labels match")
+    create_concurrency: int = Field(
+        DEFAULT_CREATE_CONCURRENCY,
+        ge=1,
+        description="Modal sandboxes being created at once, run-wide (`clotho eval --create-concurrency`): "
+        "a burst of rollouts waits its turn rather than hitting the service's rate limits all at "
+        "once; only creation is capped, never the rollouts that use them",
+    )
 
     def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:
         return self.backend_type()()
@@ -165,6 +184,13 @@ class NomadSandboxConfig(SandboxConfigBase):
         30.0, gt=0, description="per request, added to the command's own timeout"
     )
     scale_cooldown_s: float = Field(10.0, ge=0)
+    create_concurrency: int = Field(
+        DEFAULT_CREATE_CONCURRENCY,
+        ge=1,
+        description="allocations being created at once, run-wide (`clotho eval --create-concurrency`): "
+        "a burst of rollouts waits its turn rather than hitting the cluster's rate limits all at "
+        "once; only creation is capped, never the rollouts that use them",
+    )
 
     def backend_key(self, *, docker_url: str | None = None) -> str:
         return f"nomad {self.address} {self.job_id}"

@@ -152,6 +152,7 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
         self._last_loss: float | None = None
         self._closed = False
         self._background: set[asyncio.Future[None]] = set()
+        self._gate: asyncio.Semaphore | None = None  # sandboxes being created at once
         # What the command channels admit: given to each host actor in a Ray call (the
         # control plane), proven on the channel by HMAC, never sent on it (`channel.py`).
         self._secret = secrets.token_bytes(32)
@@ -408,6 +409,13 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
             raise TypeError(f"the ray backend cannot open {type(config).__name__}")
         return config
 
+    def _create_gate(self, config: RaySandboxConfig) -> asyncio.Semaphore:
+        """The cap on sandboxes being created at once (`create_concurrency`, its first
+        config's): a burst of rollouts waits its turn; what they do afterwards is not gated."""
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(config.create_concurrency)
+        return self._gate
+
     async def _open(self, request: OpenRequest[RaySandboxConfig]) -> Sandbox:
         config, labels, lease_s = request.config, request.labels, request.lease_s
         inner_json = config.inner.model_dump_json()
@@ -430,7 +438,8 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
             tried.add(id(host))
             host.open += 1  # counted before the await, so concurrent opens spread
             try:
-                sid, workdir = await self.call(host, "open", inner_json, dict(labels), lease_s)
+                async with self._create_gate(config):  # creation only, run-wide
+                    sid, workdir = await self.call(host, "open", inner_json, dict(labels), lease_s)
             except HostLost:
                 host.open -= 1
                 continue  # another node

@@ -169,6 +169,7 @@ class ModalBackend(SandboxBackend[ModalSandboxConfig]):
         self._client = client
         self._pools: dict[str, SlotHosts[Any]] = {}
         self._maintenance: asyncio.Task[None] | None = None
+        self._create_gate: asyncio.Semaphore | None = None  # one for every pool: run-wide
 
     @property
     def client(self) -> ModalClient:
@@ -198,10 +199,17 @@ class ModalBackend(SandboxBackend[ModalSandboxConfig]):
                 max_hosts=config.max_sandboxes,
                 idle_timeout_s=config.idle_timeout_s,
                 max_lifetime_s=config.max_lifetime_s,
+                create_gate=self._gate(config),
             )
             if self._maintenance is None:
                 self._maintenance = asyncio.ensure_future(self._maintain())
         return pool
+
+    def _gate(self, config: ModalSandboxConfig) -> asyncio.Semaphore:
+        """The backend's cap on sandboxes being created at once (its first config's)."""
+        if self._create_gate is None:
+            self._create_gate = asyncio.Semaphore(config.create_concurrency)
+        return self._create_gate
 
     async def _create(
         self, config: ModalSandboxConfig, key: str, index: int, tags: dict[str, str]

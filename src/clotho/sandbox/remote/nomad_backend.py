@@ -207,6 +207,7 @@ class NomadBackend(SandboxBackend[NomadSandboxConfig]):
             idle_timeout_s=config.idle_timeout_s,
             max_lifetime_s=24 * 3600.0,
             removable=self._removable,
+            create_gate=asyncio.Semaphore(config.create_concurrency),
         )
         self._maintenance: asyncio.Task[None] | None = None
 

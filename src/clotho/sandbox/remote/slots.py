@@ -64,8 +64,12 @@ class SlotHosts(Generic[H]):
         acquire_timeout_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         removable: Callable[[H, list[H]], bool] | None = None,
+        create_gate: asyncio.Semaphore | None = None,
     ) -> None:
-        self._create = create
+        self._create_host = create
+        # Creations at once (`create_concurrency`), shared by every pool of a backend: a
+        # burst of acquires waits its turn; only creating is gated, never using a slot.
+        self._create_gate = create_gate
         self.slots = slots
         self.min_hosts = min_hosts
         self.max_hosts = max_hosts
@@ -78,6 +82,12 @@ class SlotHosts(Generic[H]):
         self._starting = 0
         self._cond = asyncio.Condition()
         self._ending: set[asyncio.Task[None]] = set()
+
+    async def _create(self) -> H:
+        if self._create_gate is None:
+            return await self._create_host()
+        async with self._create_gate:
+            return await self._create_host()
 
     def _young(self, state: HostState[H], now: float) -> bool:
         return now - state.created < self.max_lifetime_s / 2
