@@ -13,6 +13,7 @@ Without sshd the tests are skipped with the reason shown; in CI (CI=true) they f
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -426,3 +427,77 @@ async def test_close_is_idempotent_and_final(sshd: Sshd, tmp_path: Path) -> None
     await sb.close()
     with pytest.raises(SandboxError):
         await sb.exec("true")
+
+
+async def test_verification_sees_the_files_and_nothing_else(ssh_sandbox: Any) -> None:
+    """Digests by the host's own tools; `stop_agent` ends the agent's processes and shell;
+    `exec_fresh` is a new process over the sandbox's files (the workspace and /tmp the agent
+    wrote) with none of the agent's environment, stdin given, output capped, and killed
+    with what it started at its timeout."""
+    from clotho.errors import SandboxError
+
+    sb = ssh_sandbox
+    token = f"clotho-ssh-{secrets.token_hex(4)}"
+    digests = await sb.digests(["/usr/bin/bash", "/bin/sh", "/no/such/file"])
+    bash = await asyncio.to_thread(Path("/usr/bin/bash").read_bytes)
+    assert digests["/usr/bin/bash"] == hashlib.sha256(bash).hexdigest()
+    assert (
+        digests["/bin/sh"] == "link:" + hashlib.sha256(os.readlink("/bin/sh").encode()).hexdigest()
+    )
+    assert digests["/no/such/file"] is None
+    await sb.exec(
+        f"export AGENT_VAR=1; echo t > /tmp/t; echo w > work.txt; "
+        f"(exec -a {token}-agent sleep 1000) > /dev/null 2>&1 &"
+    )
+    assert await wait_until(lambda: bool(pids_with_argv0(f"{token}-agent")))
+    await sb.stop_agent()
+    assert not await wait_dead(pids_with_argv0(f"{token}-agent"))
+    with pytest.raises(SandboxError):
+        await sb.exec("true")
+    r = await sb.exec_fresh(
+        'cat /tmp/t work.txt; echo "${AGENT_VAR:-clean} $FRESH"; cat', timeout=PATIENCE_S,
+        env={"FRESH": "f"}, stdin=b"in",
+    )  # fmt: skip
+    assert (r.exit_code, r.stdout) == (0, "t\nw\nclean f\nin")
+    r = await sb.exec_fresh("yes | head -c 100000", timeout=PATIENCE_S, max_output_bytes=10)
+    assert r.stdout == "y\n" * 5
+    r = await sb.exec_fresh(
+        f"(exec -a {token}-fresh sleep 1000) & exec -a {token}-fresh sleep 1000", timeout=2
+    )
+    assert r.timed_out and r.exit_code == -9
+    assert not await wait_dead(pids_with_argv0(f"{token}-fresh"))
+
+
+@pytest.mark.parametrize(("agent", "passed"), [("oracle", 1), ("nop", 0)])
+async def test_a_bundled_task_runs_on_ssh(
+    sshd: Sshd, tmp_path: Path, agent: str, passed: int
+) -> None:
+    """`clotho eval --sandbox ssh` end to end: the task's oracle passes, doing nothing
+    fails, and nothing is left on the remote host."""
+    root = tmp_path / "remote"
+    repo = Path(__file__).parent.parent
+    env = {
+        **os.environ,
+        "CLOTHO_SSH_HOST": "127.0.0.1",
+        "CLOTHO_SSH_PORT": str(sshd.port),
+        "CLOTHO_SSH_USER": "root",
+        "CLOTHO_SSH_KEY": str(sshd.key),
+        "CLOTHO_SSH_KNOWN_HOSTS": str(sshd.known_hosts),
+        "CLOTHO_SSH_ROOT": str(root),
+    }
+    out = tmp_path / "run"
+    proc = await asyncio.create_subprocess_exec(
+        *[str(Path(sys.executable).parent / "clotho"), "eval", str(repo / "examples" / "tasks")],
+        *["--filter", "fix-roman-numerals", "--agent", agent, "--sandbox", "ssh"],
+        *["--out", str(out)],
+        env=env,
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    output, _ = await proc.communicate()
+    assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["n_scored"], metrics["n_passed"]) == (1, passed)
+    assert json.loads((out / "config.json").read_text())["sandbox"]["backend"] == "ssh"
+    assert list(root.iterdir()) == []
