@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import shlex
 import shutil
 import struct
 from collections.abc import AsyncIterator
@@ -180,12 +181,17 @@ async def test_the_browser_reaches_the_sandbox_network_only(sandbox: Sandbox) ->
         with pytest.raises(ToolFailure, match="could not open"):
             await browser_navigate.fn(rt, url=f"http://127.0.0.1:{port}/")
         await sandbox.write_file("/app/www/index.html", b"<p>served inside</p>")
+        # A threaded server, as `python3 -m http.server` is; it prints its port, then lets go
+        # of the pipe, so the command returns once the server listens.
+        serve = (
+            "import http.server,os,sys\n"
+            "s=http.server.ThreadingHTTPServer(('127.0.0.1',0),http.server.SimpleHTTPRequestHandler)\n"
+            "print(s.server_address[1],flush=True)\n"
+            "os.dup2(os.open(os.devnull,os.O_WRONLY),1)\n"
+            "s.serve_forever()"
+        )
         started = await sandbox.exec(
-            'cd /app/www && (python3 -c "import http.server,socketserver,sys;'
-            "s=socketserver.TCPServer(('127.0.0.1',0),http.server.SimpleHTTPRequestHandler);"
-            'print(s.server_address[1]);sys.stdout.flush();s.serve_forever()" '
-            "> /tmp/port 2>/dev/null &) ; for i in $(seq 600); do [ -s /tmp/port ] && break; "
-            "sleep 0.05; done; cat /tmp/port",
+            f"cd /app/www && ( python3 -c {shlex.quote(serve)} 2>/dev/null & ) | head -n 1",
             timeout=60,
         )
         inner_port = int(started.stdout.strip())

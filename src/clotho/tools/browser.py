@@ -141,24 +141,29 @@ class BrowserSession:
         self.session = session
         self.context = context
         self.frame_id: str | None = None
-        self.requested = 0
-        self.started = 0
-        self.stopped = 0
+        # The main frame's navigation state, from its events: `seq` counts every navigation
+        # asked for or started; `pending` is a navigation asked for and not yet loading;
+        # `loading` holds from its start until it stopped (a failed one never says it stopped:
+        # the navigate call clears it).
+        self.seq = 0
+        self.pending = False
+        self.loading = False
         self._changed = asyncio.Event()
         conn.listen(self._event)
 
     def _event(self, method: str, params: dict[str, Any], session: str | None) -> None:
         if session != self.session:
             return
-        frame = params.get("frameId")
-        if self.frame_id is not None and frame != self.frame_id:
+        if self.frame_id is not None and params.get("frameId") != self.frame_id:
             return
-        if method == "Page.frameRequestedNavigation":
-            self.requested += 1
+        if method in ("Page.frameRequestedNavigation", "Page.frameStartedNavigating"):
+            self.seq += 1
+            self.pending = True
         elif method == "Page.frameStartedLoading":
-            self.started += 1
-        elif method == "Page.frameStoppedLoading":
-            self.stopped += 1
+            self.seq += 1
+            self.pending, self.loading = False, True
+        elif method in ("Page.frameStoppedLoading", "Page.navigatedWithinDocument"):
+            self.pending = self.loading = False
         else:
             return
         self._changed.set()
@@ -186,21 +191,20 @@ class BrowserSession:
             raise ToolFailure(f"script error in the page: {str(text)[:300]}")
         return reply.get("result", {}).get("value")
 
-    def marks(self) -> tuple[int, int]:
-        return self.requested, self.started
+    def mark(self) -> int:
+        return self.seq
 
-    async def settle(self, before: tuple[int, int]) -> None:
-        """After an action: if it started a navigation, wait (bounded) until the page loaded."""
+    def navigation_failed(self) -> None:
+        self.pending = self.loading = False
+
+    async def settle(self, before: int) -> None:
+        """After an action: if it asked for a navigation, wait (bounded) until it loaded."""
         await self.evaluate("1")  # a round trip through the page: its handlers have run
-        requested, started = before
-
-        def busy() -> bool:
-            waiting_start = self.requested > requested and self.started == started
-            return waiting_start or self.started > self.stopped
-
+        if self.seq == before:
+            return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SETTLE_TIMEOUT_S):
-                while busy():
+                while self.pending or self.loading:
                     self._changed.clear()
                     await self._changed.wait()
         if not self.alive:
@@ -350,9 +354,10 @@ async def browser_navigate(rt: ToolRuntime, url: str) -> str:
         url: the address to open, e.g. file:///app/index.html or http://127.0.0.1:8000/.
     """
     page = await browser_for(rt.sandbox)
-    before = page.marks()
+    before = page.mark()
     reply = await page.send("Page.navigate", {"url": url})
     if reply.get("errorText"):
+        page.navigation_failed()
         raise ToolFailure(f"could not open {url}: {reply['errorText']}")
     await page.settle(before)
     return _page_text(rt, await page.snapshot())
@@ -381,7 +386,7 @@ async def browser_click(rt: ToolRuntime, ref: int) -> str:
         "return r.width > 0 && r.height > 0 ? [r.left + r.width / 2, r.top + r.height / 2] "
         ": null; })()"
     )
-    before = page.marks()
+    before = page.mark()
     if point is None:  # not laid out (e.g. an option): click it the DOM's way
         await page.evaluate(f"window.__clothoRefs[{int(ref) - 1}].click()")
     else:
@@ -412,7 +417,7 @@ async def browser_type(rt: ToolRuntime, ref: int, text: str, submit: bool = Fals
         "if (typeof el.select === 'function') el.select(); "
         "else document.execCommand('selectAll'); })()"
     )
-    before = page.marks()
+    before = page.mark()
     if text:
         await page.send("Input.insertText", {"text": text})
     else:
@@ -439,7 +444,7 @@ async def browser_select(rt: ToolRuntime, ref: int, option: str) -> str:
     """
     page = await browser_for(rt.sandbox)
     await _element(page, ref)
-    before = page.marks()
+    before = page.mark()
     found = await page.evaluate(
         f"(() => {{ const el = window.__clothoRefs[{int(ref) - 1}]; const want = "
         f"{json.dumps(option)}; if (el.tagName !== 'SELECT') return 'not a drop-down'; "
@@ -463,7 +468,7 @@ async def browser_back(rt: ToolRuntime) -> str:
     entries = history.get("entries") or []
     if index <= 0 or index > len(entries) - 1:
         raise ToolFailure("there is no earlier page in this browser's history")
-    before = page.marks()
+    before = page.mark()
     await page.send("Page.navigateToHistoryEntry", {"entryId": entries[index - 1]["id"]})
     await page.settle(before)
     return _page_text(rt, await page.snapshot())
