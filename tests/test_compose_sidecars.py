@@ -291,27 +291,66 @@ def test_a_sidecar_that_never_gets_healthy_is_a_task_error_naming_it(
     assert _run_containers(out) == []
 
 
+def _start_run(task: Path, out: Path) -> subprocess.Popen[bytes]:
+    """A run of the oracle whose solution, once it stored the answer, waits: returns when
+    the agent has reached the sidecar (the sandbox and its service are up)."""
+    solve = task / "solution" / "solve.sh"
+    solve.write_text(f"{SOLVE}touch /app/started\nsleep 600\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clotho", "eval", str(task), "--agent", "oracle",
+         "--sandbox", "docker", "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until_sync(lambda: _agent_started(out) or proc.poll() is not None, timeout=300)
+        assert proc.poll() is None, "the run ended before its agent reached the sidecar"
+        assert _sidecars_of(out), "the sidecar should be running beside the sandbox"
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc
+
+
+@requires_docker
+def test_ctrl_c_removes_the_sidecar_with_its_sandbox(make_task, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start_run(kv_task(make_task, "interrupted"), out)
+    try:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert _run_containers(out) == [], "Ctrl-C left the run's containers"
+
+
+@requires_docker
+def test_the_tests_reach_the_sidecar_beside_the_agents_services(make_task, tmp_path: Path) -> None:
+    """A solution that leaves a process running is judged from a verification twin (the
+    agent's services keep serving): the twin sees the sidecar by its name too."""
+    task = kv_task(make_task, "with-service")
+    (task / "solution" / "solve.sh").write_text(f"{SOLVE}nohup sleep 600 >/dev/null 2>&1 &\n")
+    out = tmp_path / "run"
+    proc = _clotho(
+        "eval", str(task), "--agent", "oracle", "--sandbox", "docker", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = _results(out)
+    assert record["error"] is None and record["reward"] == 1.0, record
+    assert _run_containers(out) == []
+
+
 @requires_docker
 def test_gc_removes_a_killed_runs_sidecar(make_task, tmp_path: Path) -> None:
     """A run SIGKILLed while its sidecar serves leaves it (no exit cleanup runs);
     `clotho sandbox gc` finds it by its dead owner and removes it with its sandbox."""
-    task = kv_task(make_task, "left")
-    slow = task / "solution" / "solve.sh"
-    slow.write_text(f"{SOLVE}touch /app/started\nsleep 600\n")
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "clotho", "eval", str(task), "--agent", "oracle",
-         "--sandbox", "docker", "--out", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    try:
-        # The sidecar is listed once the sandbox beside it is up and the agent runs.
-        wait_until_sync(lambda: _sidecars_of(out) != [] or proc.poll() is not None, timeout=240)
-        assert proc.poll() is None, "the run ended before its sidecar was seen"
-        wait_until_sync(lambda: _agent_started(out), timeout=120)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    proc = _start_run(kv_task(make_task, "left"), out)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
     assert _sidecars_of(out), "the killed run's sidecar should be left behind"
     listed = _clotho("sandbox", "ls")
     assert "docker-sidecar" in listed.stdout, listed.stdout

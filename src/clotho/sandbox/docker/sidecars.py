@@ -103,7 +103,12 @@ def sidecar_body(
     main_id: str,
 ) -> dict[str, Any]:
     """The create request of one sidecar: the sandbox's network namespace, its limits."""
-    host: dict[str, Any] = {"NetworkMode": f"container:{main_id}", "Init": True}
+    host: dict[str, Any] = {
+        "NetworkMode": f"container:{main_id}",
+        "Init": True,
+        # What it prints is kept on the host by the daemon: bounded, whatever it prints.
+        "LogConfig": {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
+    }
     cpus = side.cpus or config.cpus
     if cpus:
         host["NanoCpus"] = int(cpus * 1e9)
