@@ -130,10 +130,25 @@ def test_web_without_a_key_fails_at_setup(provider: ProviderDouble) -> None:
     assert provider.requests == []
 
 
-def test_web_without_a_network_fails_at_setup() -> None:
+async def test_web_without_a_network_fails_at_setup() -> None:
+    """The reachability probe is I/O: `prepare` awaits it (choosing the tools does not)."""
     registry = registry_for(f"http://127.0.0.1:{free_port()}/api", probe_timeout_s=30)
+    assert [t.name for t in registry.resolve(["web"])] == ["web_search", "web_extract"]
     with pytest.raises(ConfigError, match="is unreachable"):
-        registry.resolve(["terminal", "web"])
+        await registry.prepare(["terminal", "web"])
+    with pytest.raises(ConfigError, match="is unreachable"):
+        await registry.prepare_distribution("terminal_web")  # web can be drawn: probed
+    # A distribution that cannot draw web, or web disabled, is not probed.
+    await registry.prepare_distribution("browser_only")
+    await registry.prepare(["terminal", "web"], ["web"])
+
+
+async def test_prepare_probes_a_reachable_provider_once(provider: ProviderDouble) -> None:
+    registry = registry_for(provider.base_url)
+    tools = await registry.prepare(["coding", "web"])
+    assert "web_search" in [t.name for t in tools]
+    await registry.prepare(["web"])
+    assert provider.requests == []  # a connection, not a request
 
 
 def test_a_distribution_that_draws_web_checks_it_too() -> None:

@@ -83,6 +83,7 @@ def default_registry(
             description="search the web and extract pages through a provider",
             needs="tools.web.base_url, the key in tools.web.api_key_env, a network",
             check=web.check,
+            probe=web.probe,
         )
     )
     registry.add_toolset(

@@ -4,7 +4,7 @@ with includes) and toolset distributions (sampled per group)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -22,7 +22,13 @@ class Toolset(BaseModel):
         None,
         exclude=True,
         description="raises ConfigError when the toolset cannot work here (no provider, no "
-        "key, no network): run whenever it is chosen, so a run fails at setup, not mid-rollout",
+        "key): run whenever it is chosen, so a run fails at setup, not mid-rollout",
+    )
+    probe: Callable[[], Awaitable[None]] | None = Field(
+        None,
+        exclude=True,
+        description="the check that needs I/O (is the provider reachable: a network?), "
+        "awaited by `ToolRegistry.prepare` at setup",
     )
 
 
@@ -117,6 +123,43 @@ class ToolRegistry:
                 raise ConfigError(f"toolset refers to unknown tool {tool_name!r}")
             result.append(self.tools[tool_name])
         return result
+
+    async def prepare(
+        self, enabled: Iterable[str] | None = None, disabled: Iterable[str] | None = None
+    ) -> list[Tool]:
+        """`resolve`, then each chosen toolset's probe (I/O, off the event loop's back): the
+        setup-time verdict that a provider is reachable."""
+        enabled_names = list(enabled) if enabled is not None else list(self.toolsets)
+        tools = self.resolve(enabled_names, disabled)
+        await self.probe([n for n in enabled_names if n not in set(disabled or [])])
+        return tools
+
+    async def probe(self, names: Iterable[str]) -> None:
+        """Await the probes of the named toolsets and of those they include, once each."""
+        seen: set[str] = set()
+        pending = list(names)
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name not in self.toolsets:
+                raise ConfigError(f"unknown toolset {name!r}; known: {sorted(self.toolsets)}")
+            toolset = self.toolsets[name]
+            pending += toolset.includes
+            if toolset.probe is not None:
+                await toolset.probe()
+
+    async def prepare_distribution(
+        self, distribution: str, disabled: Iterable[str] | None = None
+    ) -> None:
+        """Check and probe every toolset a distribution can draw, once, at setup."""
+        if distribution not in self.distributions:
+            raise ConfigError(
+                f"unknown toolset distribution {distribution!r}; known: {sorted(self.distributions)}"
+            )
+        names = [n for n, p in self.distributions[distribution].probabilities.items() if p > 0]
+        await self.prepare(names, disabled)
 
     def sample(
         self, distribution: str, rng: random.Random, disabled: Iterable[str] | None = None

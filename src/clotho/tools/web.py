@@ -9,15 +9,17 @@ Its API, in the shape common search APIs share:
         -> {"results": [{"url": str, "raw_content" or "content": str}, ...],
             "failed_results": [{"url": str, "error": str}, ...]}
 
-with `Authorization: Bearer <key>`. A toolset that cannot work (no provider named, no key in
-the named variable, the provider's address unreachable: no network) is a `ConfigError` when
-the tools are chosen, at setup; it never answers with a silent empty result.
+with `Authorization: Bearer <key>`. A toolset that cannot work is a `ConfigError` at setup,
+never a silent empty result: no provider named or no key in the named variable when the tools
+are chosen (`check`), the provider's address unreachable (no network) when they are prepared
+(`probe`, awaited by `ToolRegistry.prepare`); a provider that fails later is a tool error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
-import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,16 +49,20 @@ class WebConfig(BaseModel):
     probe_timeout_s: float = Field(10.0, gt=0, description="the reachability check at setup")
 
 
-def reachable(url: str, timeout_s: float) -> str | None:
+async def reachable(url: str, timeout_s: float) -> str | None:
     """None if a TCP connection to the URL's host and port opens, else why not."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{url!r} is not an http(s) URL"
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
-    except OSError as exc:
-        return f"cannot connect to {parts.hostname}:{port} ({exc})"
+        async with asyncio.timeout(timeout_s):
+            _, writer = await asyncio.open_connection(parts.hostname, port)
+    except (OSError, TimeoutError) as exc:
+        return f"cannot connect to {parts.hostname}:{port} ({exc or type(exc).__name__})"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
     return None
 
 
@@ -66,7 +72,7 @@ class WebProvider:
     def __init__(self, config: WebConfig, environ: dict[str, str] | None = None) -> None:
         self.config = config
         self._environ = environ
-        self._checked = False
+        self._reached = False
 
     def _key(self) -> str | None:
         name = self.config.api_key_env
@@ -75,8 +81,7 @@ class WebProvider:
         return (self._environ if self._environ is not None else os.environ).get(name) or None
 
     def check(self) -> None:
-        """Raise `ConfigError` unless a provider is named, its key is set and it is reachable
-        (probed once per provider)."""
+        """Raise `ConfigError` unless a provider is named and its key is set (no I/O)."""
         config = self.config
         if not config.base_url:
             raise ConfigError(
@@ -93,14 +98,20 @@ class WebProvider:
                 f"the web toolset's key is missing: set the environment variable "
                 f"{config.api_key_env} (tools.web.api_key_env)"
             )
-        if not self._checked:
-            why = reachable(config.base_url, config.probe_timeout_s)
-            if why:
-                raise ConfigError(
-                    f"the web toolset's provider {config.base_url} is unreachable ({why}); "
-                    "web search needs a network from this host"
-                )
-            self._checked = True
+
+    async def probe(self) -> None:
+        """Raise `ConfigError` unless the provider's address takes a connection (once)."""
+        self.check()
+        if self._reached:
+            return
+        assert self.config.base_url is not None
+        why = await reachable(self.config.base_url, self.config.probe_timeout_s)
+        if why:
+            raise ConfigError(
+                f"the web toolset's provider {self.config.base_url} is unreachable ({why}); "
+                "web search needs a network from this host"
+            )
+        self._reached = True
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         config = self.config
