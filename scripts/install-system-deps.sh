@@ -20,7 +20,7 @@ command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 # The model gateway's relay inside a sandbox falls back to node where an image lacks python3.
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
-# clotho view's browser test: headless Chromium driven through Debian's chromedriver.
+# The browser toolset (Chromium inside local sandboxes) and clotho view's browser test (chromedriver).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)  # the ssh backend's tests start a real sshd
