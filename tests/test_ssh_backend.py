@@ -380,6 +380,10 @@ async def test_gc_removes_what_a_killed_owner_left(
     finally:
         owner.send_signal(signal.SIGKILL)
         await owner.wait()
+    if isolation == "bwrap":  # the dropped connection ended its namespace already
+        assert not await wait_dead(pids_with_argv0(token))
+    else:  # nothing ends a plain process whose session is gone: gc must
+        assert pids_with_argv0(token)
     marker = json.loads((left / "lease.json").read_text())
     assert marker["labels"][OWNER].endswith(f":{owner.pid}")
     live = await open_sandbox(config, {})
