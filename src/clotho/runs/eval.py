@@ -116,6 +116,10 @@ async def run_eval(
     try:
         async with pool:
             agent, client = await build_agent(config)
+            mounts = getattr(agent, "sandbox_mounts", None)  # an installed agent's packages
+            if mounts is not None:  # in the config, so prewarmed sandboxes have them too
+                sandbox = config.sandbox.with_ro_mounts(mounts())
+                config = config.model_copy(update={"sandbox": sandbox})
             await _run_pending(config, plan, pool, agent, recorder)
         complete = True
     finally:

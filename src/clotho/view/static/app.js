@@ -420,13 +420,19 @@ async function trialView(id, n, seq) {
   const patch = d.diff || d.patch || (res && (res.diff || res.patch));
   const diff = typeof patch === "string" ? patch : "";
   const jump = (to, label) => `<button class="jump" data-jump="${to}">${label}</button>`;
-  html += `<nav class="tabs">${jump("conversation", "conversation")} ${jump("verifier", "verifier")}${diff ? " " + jump("diff", "diff") : ""}${res && res.sequences ? " " + jump("tokens", "tokens") : ""}</nav>`;
+  html += `<nav class="tabs">${jump("conversation", "conversation")} ${jump("verifier", "verifier")}${diff ? " " + jump("diff", "diff") : ""}${res && res.sequences ? " " + jump("tokens", "tokens") : ""}${res && res.installed ? " " + jump("agent-log", "agent's log") : ""}</nav>`;
   html += `<section id="conversation"><h2>Conversation</h2>${res ? conversation(res) : '<p class="muted">No conversation recorded (the attempt did not reach its agent).</p>'}</section>`;
   if (res && res.tool_errors && res.tool_errors.length) {
     html += `<section id="tool-errors"><h2>Tool errors</h2><table class="grid small"><thead><tr><th>turn</th><th>tool</th><th>arguments</th><th>error</th></tr></thead><tbody>${res.tool_errors
       .map((e) => `<tr><td class="num">${count(e.turn)}</td><td>${esc(e.tool)}</td><td><code>${esc(e.arguments)}</code></td><td>${esc(e.error)}</td></tr>`).join("")}</tbody></table></section>`;
   }
   html += `<section id="verifier"><h2>Verifier</h2>${verifier(v)}</section>`;
+  const inst = res && res.installed && typeof res.installed === "object" ? res.installed : null;
+  if (inst) {  // an installed agent: its own output and trajectory beside the gateway's record
+    const calls = list(inst.gateway && inst.gateway.exchanges).length;
+    html += `<section id="agent-log"><h2>The agent's own log</h2><p class="muted">${esc(inst.agent)} ${esc(inst.version)}: exit code ${count(inst.exit_code)}${inst.timed_out ? " (timed out)" : ""}, ${count(calls)} model calls through the gateway, install ${esc(inst.exposure)}</p>
+      <h3>Output</h3>${folded(typeof inst.output === "string" ? inst.output : "")}${typeof inst.trajectory === "string" ? `<h3>Trajectory</h3>${folded(inst.trajectory)}` : ""}</section>`;
+  }
   if (diff) html += `<section id="diff"><h2>The agent's diff</h2>${diffBlock(diff)}</section>`;
   if (res && res.sequences && res.sequences.length) {
     html += `<section id="tokens"><h2>Token sequences</h2><p class="muted">Trained tokens (mask) are highlighted; hover a token for its id and sampling logprob.</p>${res.sequences
