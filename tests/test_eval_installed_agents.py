@@ -272,3 +272,27 @@ def test_other_packages_adapters_come_from_entry_points(monkeypatch: pytest.Monk
     assert "plugin-agent" in base.agent_names()
     assert isinstance(base.installed_agent("plugin-agent"), Plugin)
     assert EvalConfig.model_validate({"paths": ["x"], "agent": "plugin-agent"}).agent
+
+
+async def test_build_agent_gives_one_gateway_for_the_run_closed_with_it() -> None:
+    """`build_agent` for an installed agent: its runner over a gateway of the run's model, and
+    the object the run closes at its end, which stops the gateway's listeners first."""
+    import httpx
+
+    from clotho.agent.factory import build_agent
+    from clotho.chat.client import ModelConfig
+    from clotho.installed_agents import InstalledAgentRunner
+
+    model = ModelConfig(model="scripted-model", base_url="http://127.0.0.1:9/v1", api_key_env=None)
+    agent, closing = await build_agent("mini-swe-agent", model, None, max_turns=7)
+    assert isinstance(agent, InstalledAgentRunner) and closing is not None
+    assert agent.name == "mini-swe-agent" and agent.limits.max_turns == 7
+    assert agent.gateway.model_name == "scripted-model"
+    listener = await agent.gateway.listen_tcp()
+    assert listener.url is not None
+    async with httpx.AsyncClient() as client:
+        answered = await client.get(listener.url + "/v1/models")
+        assert answered.status_code == 401  # up, and no token given
+        await closing.aclose()
+        with pytest.raises(httpx.TransportError):  # refused, or its kept connection closed
+            await client.get(listener.url + "/v1/models")
