@@ -92,9 +92,10 @@ def double() -> Iterator[type[RegistryDoubleConfig]]:
 
 
 def test_builtin_kinds_and_their_facts() -> None:
-    assert sandbox_kinds() == ("local", "unsafe-local", "docker", "ray", "modal", "nomad")
-    assert sandbox_kinds(place="host") == ("local", "unsafe-local", "docker")
-    assert sandbox_kinds(place="host", isolated=True) == ("local", "docker")
+    # ssh registers with the contract (backends.py), after the cluster kinds.
+    assert sandbox_kinds() == ("local", "unsafe-local", "docker", "ray", "modal", "nomad", "ssh")
+    assert sandbox_kinds(place="host") == ("local", "unsafe-local", "docker", "ssh")
+    assert sandbox_kinds(place="host", isolated=True) == ("local", "docker", "ssh")
     assert config_type("docker") is DockerSandboxConfig
     with pytest.raises(KeyError):
         config_type(KIND)
@@ -180,7 +181,7 @@ async def test_registered_double_opens_through_make_backend_and_open_sandbox(
 def test_cli_offers_and_runs_a_registered_double(double: type[RegistryDoubleConfig]) -> None:
     runner = CliRunner()
     shown = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "200"})
-    assert f"local|unsafe-local|docker|{KIND}" in shown.output
+    assert f"local|unsafe-local|docker|ssh|{KIND}" in shown.output
     task = TASKS / "fix-roman-numerals"
     checked = runner.invoke(app, ["check", str(task), "--sandbox", KIND, "--concurrency", "1"])
     assert checked.exit_code == 0, checked.output
