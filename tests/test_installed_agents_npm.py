@@ -1,9 +1,9 @@
-"""codex and claude-code, the real npm packages (pinned, installed once from npm's configured
-registry into ~/.cache/clotho), run headless in real sandboxes (local and Docker) on a bundled
-task, their model calls through the gateway (codex: the Responses API; claude-code: Anthropic
-Messages) to `ScriptedOpenAIServer`, the TEST DOUBLE of a hosted model. Led through the
-task's own solution each earns reward 1; told nothing useful, 0. The trial keeps the gateway's
-record and the agent's own log."""
+"""codex, claude-code and opencode, the real npm packages (pinned, installed once from npm's
+configured registry into ~/.cache/clotho), run headless in real sandboxes (local and Docker)
+on a bundled task, their model calls through the gateway (codex: the Responses API;
+claude-code: Anthropic Messages; opencode: OpenAI chat) to `ScriptedOpenAIServer`, the TEST
+DOUBLE of a hosted model. Led through the task's own solution each earns reward 1; told
+nothing useful, 0. The trial keeps the gateway's record and the agent's own log."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from clotho.errors import TaskError
 from clotho.gateway import Gateway, GatewayLimits
 from clotho.installed_agents import InstalledAgentRunner, agent_names, installed_agent
 from clotho.installed_agents.base import default_cache_dir
-from clotho.installed_agents.claude_code import ClaudeCode, glibc_problem
+from clotho.installed_agents.claude_code import ClaudeCode
+from clotho.installed_agents.native import LOADER, glibc_problem
 from clotho.sandbox import LocalSandboxConfig
 from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
 from clotho.sandbox.pool import SlotPool
@@ -89,11 +90,33 @@ def claude_giving_up(body: dict[str, Any]) -> dict[str, Any]:
     return assistant("Nothing to do.")
 
 
+def opencode_solving(body: dict[str, Any]) -> dict[str, Any]:
+    """Run the task's solution with OpenCode's `bash` until a run of it prints SOLVED; its
+    calls without tools (a title for the session) get a title."""
+    if not body.get("tools"):
+        return assistant("Fix the Roman numerals")
+    outputs = _tool_outputs(body)
+    if outputs and SOLVED in outputs[-1].replace(f"echo {SOLVED}", ""):
+        return assistant("The converter is fixed.")
+    arguments = {"command": SOLVE, "description": "apply the fix", "timeout": 600000}
+    return assistant("", [tool_call("bash", arguments)])
+
+
+def opencode_giving_up(body: dict[str, Any]) -> dict[str, Any]:
+    if not body.get("tools"):
+        return assistant("Look around")
+    if not _tool_outputs(body):
+        return assistant("", [tool_call("bash", {"command": "ls /app", "description": "look"})])
+    return assistant("Nothing to do.")
+
+
 POLICIES = {
     "codex": (codex_solving, codex_giving_up),
     "claude-code": (claude_solving, claude_giving_up),
+    "opencode": (opencode_solving, opencode_giving_up),
 }
-API = {"codex": "openai-responses", "claude-code": "anthropic-messages"}
+API = {"codex": "openai-responses", "claude-code": "anthropic-messages", "opencode": "openai-chat"}
+AGENTS = list(POLICIES)
 
 
 @pytest.fixture
@@ -146,8 +169,10 @@ def _check_solved(name: str, outcome: Any, run: Any, server: ScriptedOpenAIServe
     events = [json.loads(line) for line in run.trajectory.splitlines() if line.strip()]
     if name == "codex":
         assert events[-1]["type"] == "turn.completed"
-    else:
+    elif name == "claude-code":
         assert events[-1]["type"] == "result" and events[-1]["subtype"] == "success"
+    else:
+        assert events[-1]["type"] == "step_finish" and events[-1]["part"]["reason"] == "stop"
     assert outcome.agent is not None and outcome.agent.stop_reason == "finished"
     assert outcome.agent.turns == record.turns
     assert outcome.agent.messages[-1]["content"] == "The converter is fixed."
@@ -156,18 +181,19 @@ def _check_solved(name: str, outcome: Any, run: Any, server: ScriptedOpenAIServe
 def _check_failed(name: str, outcome: Any, run: Any, server: ScriptedOpenAIServer) -> None:
     assert outcome.error is None, (outcome.error, run.output)
     assert (outcome.reward, outcome.passed) == (0.0, False)
-    assert run.record.turns == len(server.requests) == 2
+    assert run.record.turns == len(server.requests)
+    assert len([r for r in server.requests if r.get("tools")]) == 2  # a look, then the end
     assert run.exit_code == 0 and run.trajectory is not None, run.output  # ran to its own end
 
 
-@pytest.mark.parametrize("name", ["codex", "claude-code"])
+@pytest.mark.parametrize("name", AGENTS)
 async def test_led_to_the_solution_passes_locally(name: str, gateway_for: Any) -> None:
     outcome, run, server = await _attempt(name, POLICIES[name][0], gateway_for,
                                           LocalSandboxConfig())  # fmt: skip
     _check_solved(name, outcome, run, server)
 
 
-@pytest.mark.parametrize("name", ["codex", "claude-code"])
+@pytest.mark.parametrize("name", AGENTS)
 async def test_giving_up_fails_locally(name: str, gateway_for: Any) -> None:
     outcome, run, server = await _attempt(name, POLICIES[name][1], gateway_for,
                                           LocalSandboxConfig())  # fmt: skip
@@ -175,7 +201,7 @@ async def test_giving_up_fails_locally(name: str, gateway_for: Any) -> None:
 
 
 @requires_docker
-@pytest.mark.parametrize("name", ["codex", "claude-code"])
+@pytest.mark.parametrize("name", AGENTS)
 async def test_led_to_the_solution_passes_on_docker(name: str, gateway_for: Any) -> None:
     outcome, run, server = await _attempt(name, POLICIES[name][0], gateway_for,
                                           DockerSandboxConfig())  # fmt: skip
@@ -183,7 +209,7 @@ async def test_led_to_the_solution_passes_on_docker(name: str, gateway_for: Any)
 
 
 @requires_docker
-@pytest.mark.parametrize("name", ["codex", "claude-code"])
+@pytest.mark.parametrize("name", AGENTS)
 async def test_giving_up_fails_on_docker(name: str, gateway_for: Any) -> None:
     outcome, run, server = await _attempt(name, POLICIES[name][1], gateway_for,
                                           DockerSandboxConfig())  # fmt: skip
@@ -192,23 +218,25 @@ async def test_giving_up_fails_on_docker(name: str, gateway_for: Any) -> None:
 
 def test_the_npm_agents_are_registered_and_pinned() -> None:
     assert {"codex", "claude-code", "mini-swe-agent"} <= set(agent_names())
-    for name in ("codex", "claude-code"):
+    for name in AGENTS:
         assert re.fullmatch(r"\d+\.\d+\.\d+", installed_agent(name).version)
 
 
 async def test_the_installs_hold_self_contained_binaries() -> None:
-    """codex's binary is static (any Linux image); claude's is native, linked to glibc only
-    (no Node anywhere in the install)."""
+    """codex's binary is static (any Linux image); claude's and opencode's are native, linked
+    to glibc only (no Node anywhere in the installs)."""
     cache = default_cache_dir()
     codex = await installed_agent("codex").prepare("3.11", cache)
     claude = await installed_agent("claude-code").prepare("3.11", cache)
+    opencode = await installed_agent("opencode").prepare("3.11", cache)
     assert codex.root == cache / "agents" / "codex-0.171.0"
     head = (codex.site / "bin" / "codex").read_bytes()[:64]
     assert head[:4] == b"\x7fELF"
     interp = _elf_interpreter(codex.site / "bin" / "codex")
     assert interp is None  # static: no loader to find in the image
-    assert _elf_interpreter(claude.site / "bin" / "claude") == "/lib64/ld-linux-x86-64.so.2"
-    for install in (codex, claude):
+    assert _elf_interpreter(claude.site / "bin" / "claude") == LOADER
+    assert _elf_interpreter(opencode.site / "bin" / "opencode") == LOADER
+    for install in (codex, claude, opencode):
         assert not list(install.site.rglob("node")) and not list(install.site.rglob("*.js"))
         assert install.stamp.bytes > 0 and install.stamp.python == "any"
 
@@ -232,10 +260,14 @@ def _elf_interpreter(path: Path) -> str | None:
 
 
 def test_an_image_without_a_recent_glibc_is_named() -> None:
-    assert glibc_problem("glibc 2.36") is None
-    assert "has 2.17" in str(glibc_problem("glibc 2.17"))
-    assert "no glibc" in str(glibc_problem("none"))
-    assert glibc_problem("glibc unknown") is None  # the loader is there; the binary decides
+    def problem(said: str) -> str | None:
+        return glibc_problem(said, "claude-code", (2, 26))
+
+    assert problem("glibc 2.36") is None and problem("glibc 2.26") is None
+    assert "claude-code agent needs glibc >= 2.26" in str(problem("glibc 2.17"))
+    assert "it has 2.17" in str(problem("glibc 2.17"))
+    assert "no glibc" in str(problem("none")) and "no glibc" in str(problem(""))
+    assert problem("glibc unknown") is None  # the loader is there; the binary decides
 
 
 async def test_check_image_passes_a_glibc_sandbox(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from clotho.errors import TaskError
 from clotho.installed_agents.base import AGENT_LOGS, AgentInstall, InstalledAgent, register_agent
+from clotho.installed_agents.native import LOADER, check_glibc
 from clotho.installed_agents.npm import npm_install
 from clotho.sandbox.base import Sandbox
 
@@ -26,25 +26,6 @@ VERSION = "2.1.332"
 MODEL = "claude-sonnet-4-5"  # the name it sends; the run's model configuration decides
 CLAUDE_HOME = f"{AGENT_LOGS}/claude-home"
 MIN_GLIBC = (2, 26)
-LOADER = "/lib64/ld-linux-x86-64.so.2"  # the binary's ELF interpreter
-
-
-def glibc_problem(said: str) -> str | None:
-    """What the image lacks, from the probe's line ("none", "glibc 2.36", "glibc unknown")."""
-    need = f"glibc >= {MIN_GLIBC[0]}.{MIN_GLIBC[1]}"
-    parts = said.split()
-    if not parts or parts[0] != "glibc":
-        return (
-            f"the claude-code agent needs {need} in the task's image (its native binary); "
-            "the image has no glibc (e.g. Alpine's musl, a static image)"
-        )
-    try:
-        major, minor = (int(x) for x in parts[-1].split(".")[:2])
-    except ValueError:
-        return None  # a loader, no getconf: the binary itself will say
-    if (major, minor) < MIN_GLIBC:
-        return f"the claude-code agent needs {need} in the task's image; it has {parts[-1]}"
-    return None
 
 
 class ClaudeCode(InstalledAgent):
@@ -63,16 +44,8 @@ class ClaudeCode(InstalledAgent):
         )
 
     async def check_image(self, sandbox: Sandbox, *, loader: str = LOADER) -> None:
-        """A `TaskError` naming what the image lacks for the native `claude` binary: glibc's
-        loader (`loader`) and a glibc of `MIN_GLIBC` or newer."""
-        probe = (
-            f"if [ ! -e {shlex.quote(loader)} ]; then echo none; "
-            "else getconf GNU_LIBC_VERSION 2>/dev/null || echo 'glibc unknown'; fi"
-        )
-        found = await sandbox.exec(probe, timeout=60)
-        problem = glibc_problem(found.stdout.strip() if found.exit_code == 0 else "")
-        if problem is not None:
-            raise TaskError(problem)
+        """A `TaskError` naming what the image lacks for the native `claude` binary."""
+        await check_glibc(sandbox, self.name, MIN_GLIBC, loader=loader)
 
     def command(self, instruction: str, install_dir: str, workdir: str) -> str:
         argv = [
@@ -82,8 +55,7 @@ class ClaudeCode(InstalledAgent):
         ]  # fmt: skip
         return (
             f"mkdir -p {CLAUDE_HOME} && cd {shlex.quote(workdir)} && "
-            f"{shlex.join(argv)} </dev/null > {self.trajectory_path} "
-            f"2> {AGENT_LOGS}/claude-code.stderr.txt"
+            f"{shlex.join(argv)} </dev/null > {self.trajectory_path}"
         )
 
     def env(self, gateway_env: dict[str, str], install_dir: str) -> dict[str, str]:

@@ -73,8 +73,7 @@ class Codex(InstalledAgent):
             f"mkdir -p {CODEX_HOME} && cd {shlex.quote(workdir)} && "
             f"PATH={shlex.quote(site + '/path')}:$PATH "
             f"{shlex.quote(site + '/bin/codex')} {shlex.join(argv)} {' '.join(_config())} "
-            f"-- {shlex.quote(instruction)} </dev/null > {self.trajectory_path} "
-            f"2> {AGENT_LOGS}/codex.stderr.txt"
+            f"-- {shlex.quote(instruction)} </dev/null > {self.trajectory_path}"
         )
 
     def env(self, gateway_env: dict[str, str], install_dir: str) -> dict[str, str]:
