@@ -84,7 +84,10 @@ def _tool_names(messages: Iterable[dict[str, Any]]) -> Counter[str]:
 
 
 def compute_stats(details: list[TrialDetail], prompts: int, *, complete: bool) -> GenerateStats:
-    stats = GenerateStats(complete=complete, prompts=prompts, finished=len(details))
+    finished = sum(
+        1 for d in details if d.record.error is None or not d.record.error.retried
+    )  # an infra error's prompt runs again on --resume
+    stats = GenerateStats(complete=complete, prompts=prompts, finished=finished)
     errors: Counter[str] = Counter()
     stops: Counter[str] = Counter()
     calls: Counter[str] = Counter()
