@@ -192,6 +192,7 @@ class SshBackend(SandboxBackend[SshSandboxConfig]):
         self._lock = asyncio.Lock()
         self._facts: HostFacts | None = None
         self._warned = False
+        self.connecting = asyncio.Semaphore(config.connect_concurrency)
 
     async def _control_shell(self) -> PersistentShell:
         """A plain bash of the remote user (outside every sandbox) on the backend's own
@@ -478,7 +479,8 @@ class SshSandbox(ShellBackedSandbox):
                 remote.prepare_script(folder, backend.root(facts), marker),
                 what="making the sandbox's folder",
             )
-            conn = await connect(config)
+            async with backend.connecting:
+                conn = await connect(config)
             workdir = config.workdir if bwrap else f"{folder}/app"
             xfer = remote.XFER_MOUNT if bwrap else f"{folder}/xfer"
             home = "/root" if bwrap else f"{folder}/home"

@@ -72,6 +72,12 @@ class SshSandboxConfig(SandboxConfigBase):
         "(a machine in the middle could then run the sandboxes): an explicit opt-out",
     )
     connect_timeout_s: float = Field(20.0, gt=0)
+    connect_concurrency: int = Field(
+        8,
+        ge=1,
+        description="SSH handshakes at once from this run (sshd's MaxStartups drops "
+        "unauthenticated connections beyond 10 by default)",
+    )
     remote_root: str | None = Field(
         default_factory=lambda: _env("ROOT"),
         description="clotho's folder on the remote host, one sub-folder per sandbox "
