@@ -337,3 +337,71 @@ def test_generate_wandb_logs_tool_errors_and_reasoning(tmp_path: Path) -> None:
     assert sorted(r["task"] for r in rows) == ["a", "b"]
     assert all(r["reasoning"] == REASONING and r["tool_errors"] == 1 for r in rows)
     assert all(f"[ASSISTANT thinking]\n{REASONING}" in r["conversation"] for r in rows)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_process_wandb_logs_each_groups_tool_errors(tmp_path: Path) -> None:
+    """`clotho process --wandb` end to end (an environment's real rollouts in sandboxes, a
+    scripted model: TEST DOUBLE for a hosted model): the group's step carries the tool errors
+    its rollouts made, the table one rollout of it (num_rollouts_per_group_for_logging=1)."""
+    from tests.scripted_openai import ScriptedOpenAIServer, assistant, tool_call
+    from tests.test_env import QWEN_DIR
+
+    def model(body: dict[str, Any]) -> dict[str, Any]:
+        if body["messages"][-1]["role"] != "tool":
+            calls = [
+                tool_call("no_such_tool", {}, id="c1"),
+                tool_call("terminal", {"command": "true"}, id="c2"),
+            ]
+            return assistant("", calls, reasoning_content="first, a tool that is not there")
+        return assistant("done")
+
+    out = tmp_path / "groups.jsonl"
+    with ScriptedOpenAIServer(default=model) as server:
+        result = subprocess.run(
+            [
+                sys.executable, "-m", "clotho", "process", "terminal_test", "--out", str(out),
+                "--n-groups", "1", "--group-size", "2", "--model", "m",
+                "--base-url", server.base_url, "--tokenizer", str(QWEN_DIR),
+                "--set", "num_rollouts_per_group_for_logging=1", "--wandb", "clotho-process-test",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HOME": str(tmp_path)},
+            timeout=300,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    logged = read_offline_run(tmp_path)
+    (step,) = logged["history"]
+    assert step["train/tool_errors_count"] == 2
+    assert step["train/tool_error_details"].splitlines() == [
+        f"rollout {i}, turn 1, no_such_tool: Error: unknown tool 'no_such_tool'. "
+        "Available tools: edit_file, read_file, search_files, terminal, write_file"
+        for i in (0, 1)
+    ]
+    assert logged["config"]["num_rollouts_per_group_for_logging"] == 1
+    (table,) = logged["tables"].values()
+    (row,) = [dict(zip(table["columns"], r, strict=True)) for r in table["data"]]
+    assert row["tool_errors"] == 1 and row["reasoning"] == "first, a tool that is not there"
+    assert "[TOOL CALL] no_such_tool({})" in row["conversation"]
+
+
+async def test_a_rollout_split_into_rows_counts_its_tool_errors_once(tmp_path: Path) -> None:
+    """Rows with the same messages and other tokens are one rollout its chat template split
+    (`Environment.score_group`); rows alike in both are two rollouts."""
+    from clotho.env.scored import ScoredGroup
+    from clotho.runs.tracking import ToolErrorLog
+
+    errors = ToolErrorLog()
+    conversation = _conversation(1, "hm")
+    await errors.observe(None, None, _outcome(conversation, [(1, "nope", "Error: no")]))
+    tracker = GroupTracker(
+        "clotho-test", name="t", config={}, job_type="serve", directory=tmp_path, tool_errors=errors
+    )
+    for tokens in ([[1], [2]], [[1], [1]]):  # split, then two rollouts alike
+        tracker.log_group(
+            ScoredGroup(tokens=tokens, masks=tokens, scores=[1.0, 1.0], messages=[conversation] * 2)
+        )
+    tracker.finish()
+    steps = read_offline_run(tmp_path)["history"]
+    assert [s["train/tool_errors_count"] for s in steps] == [1, 2]

@@ -415,8 +415,15 @@ class GroupTracker:
         for i in range(len(scores)):
             conversation = conversations[i] if i < len(conversations) else []
             known = self.tool_errors.of(conversation) if self.tool_errors and conversation else None
-            # a rollout split into several rows by its template counts once
-            repeat = i > 0 and conversation and conversation == conversations[i - 1]
+            # a rollout its template split into several rows (the same messages, other
+            # tokens: as the SFT export reads them) counts once; two rollouts alike count twice
+            rows = data.get("tokens") or []
+            repeat = (
+                0 < i < len(rows)
+                and conversation
+                and conversation == conversations[i - 1]
+                and rows[i] != rows[i - 1]
+            )
             failures.append([] if repeat and known is not None else known)
         values: dict[str, Any] = {
             **_stats(scores, "train/group_score"),
