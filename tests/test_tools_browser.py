@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from tests.conftest import EXAMPLES
 from tests.docker_probe import fail_without_docker_in_ci, requires_docker
-from tests.sandbox_fixtures import host_pids, wait_dead
+from tests.sandbox_fixtures import host_pids, requires_root, wait_dead
 
 from clotho.agent.loop import AgentLimits, AgentLoop
 from clotho.chat.client import ModelConfig
@@ -197,6 +197,56 @@ async def test_the_browser_reaches_the_sandbox_network_only(sandbox: Sandbox) ->
         inner_port = int(started.stdout.strip())
         page = await browser_navigate.fn(rt, url=f"http://127.0.0.1:{inner_port}/")
         assert "served inside" in page and "HOST SECRET" not in page
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert received == []
+
+
+def host_addresses() -> list[str]:
+    """The host's own IPv4 addresses, loopback and interfaces."""
+    import fcntl
+    import socket as sk
+
+    found = {"127.0.0.1"}
+    for _, name in sk.if_nameindex():
+        with sk.socket(sk.AF_INET, sk.SOCK_DGRAM) as probe:
+            try:
+                packed = fcntl.ioctl(
+                    probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15])
+                )  # SIOCGIFADDR
+            except OSError:
+                continue
+            found.add(sk.inet_ntoa(packed[20:24]))
+    return sorted(found)
+
+
+@requires_root
+async def test_a_networked_sandbox_browser_stays_off_the_host(tmp_path: Path) -> None:
+    """With the task's network on (slirp4netns, guarded), the browser still reaches none of
+    the host's own addresses, nor the host's loopback through slirp's gateway: the server
+    listening on all of them gets no request."""
+    received: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.read(1024))
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\n\r\nHOST SECRET")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "0.0.0.0", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = LocalSandboxConfig(state_dir=str(tmp_path / "state"), network=True)
+    try:
+        async with await open_sandbox(config) as sb:
+            rt = ToolRuntime(sandbox=sb)
+            for address in [*host_addresses(), "10.0.2.2"]:
+                # Refused, unreachable, or dropped (then the tool's bound ends the wait).
+                with pytest.raises(ToolFailure, match="could not open"):
+                    await browser_navigate.fn(rt, url=f"http://{address}:{port}/")
+            await sb.write_file("/app/other.html", OTHER_PAGE)
+            page = await browser_navigate.fn(rt, url="file:///app/other.html")
+            assert "The other page" in page  # the browser is still usable
     finally:
         server.close()
         await server.wait_closed()

@@ -355,7 +355,20 @@ async def browser_navigate(rt: ToolRuntime, url: str) -> str:
     """
     page = await browser_for(rt.sandbox)
     before = page.mark()
-    reply = await page.send("Page.navigate", {"url": url})
+    try:
+        reply = await page.conn.send(
+            "Page.navigate", {"url": url}, session=page.session, timeout=ACTION_TIMEOUT_S
+        )
+    except CdpError as exc:
+        if not page.alive:
+            raise ToolFailure(f"the browser is gone ({exc})") from exc
+        with contextlib.suppress(ToolFailure):
+            await page.send("Page.stopLoading")
+        page.navigation_failed()
+        raise ToolFailure(
+            f"could not open {url}: no answer within {ACTION_TIMEOUT_S:g} s (the sandbox's "
+            "network may not reach it)"
+        ) from exc
     if reply.get("errorText"):
         page.navigation_failed()
         raise ToolFailure(f"could not open {url}: {reply['errorText']}")
