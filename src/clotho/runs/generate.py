@@ -43,7 +43,7 @@ from clotho.runs import files
 from clotho.runs.eval import _Recorder
 from clotho.runs.generate_stats import GenerateStats, write_outputs
 from clotho.runs.metrics import compute_metrics, latest
-from clotho.runs.prompts import PromptItem
+from clotho.runs.prompts import PromptItem, in_subshell
 from clotho.runs.records import EvalConfig
 from clotho.runs.schedule import retry_budget
 from clotho.runs.store import RunStore
@@ -65,10 +65,7 @@ ENVIRONMENT = EnvironmentSpec(name="generate")
 
 _TEST_SH = """#!/bin/bash
 # clotho generate: prompt {id}'s verify command. Its exit code is the reward: 0 -> 1, else 0.
-(
-{command}
-)
-status=$?
+{command}status=$?
 echo "clotho generate: the verify command exited with $status"
 if [ "$status" -eq 0 ]; then reward=1; else reward=0; fi
 echo "$reward" > /logs/verifier/reward.txt
@@ -81,7 +78,7 @@ def verifier_task(item: PromptItem, root: Path, timeout_s: float) -> Task:
     assert item.verify is not None
     folder = root / VERIFIERS_DIR / item.id
     (folder / "tests").mkdir(parents=True, exist_ok=True, mode=0o700)
-    script = _TEST_SH.format(id=shlex.quote(item.id), command=item.verify)
+    script = _TEST_SH.format(id=shlex.quote(item.id), command=in_subshell(item.verify))
     files.write_file(root, f"{VERIFIERS_DIR}/{item.id}/tests/test.sh", script.encode())
     config = TaskConfig(
         verifier=VerifierSettings(timeout_sec=timeout_s),

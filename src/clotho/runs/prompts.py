@@ -63,17 +63,37 @@ def _content_id(line: PromptLine) -> str:
     return "p-" + hashlib.sha256(key).hexdigest()[:12]
 
 
+def in_subshell(command: str) -> str:
+    """The command as the verifier's test.sh runs it (`runs/generate.py`): in a subshell, so
+    its `exit` ends only it."""
+    return f"(\n{command}\n)\n"
+
+
 def _shell_syntax(command: str) -> str | None:
-    """What bash says is wrong with `command`'s syntax (`bash -n`: nothing runs), or None."""
+    """What bash says is wrong with the script's syntax (`bash -n`: nothing runs), or None."""
     bash = shutil.which("bash")
     if bash is None:
         return None
     done = subprocess.run(
-        [bash, "-n", "-c", command], capture_output=True, text=True, timeout=30, check=False
+        [bash, "-n", "-c", command], capture_output=True, text=True, timeout=60, check=False
     )
     if done.returncode == 0:
         return None
     return (done.stderr.strip().splitlines() or ["a syntax error"])[-1][:300]
+
+
+def _check_verify(items: list[PromptItem], path: Path) -> list[str]:
+    """The lines whose verify command bash cannot read, as it will run. One `bash -n` of
+    them all first (a file of many prompts costs one process), each alone only when that
+    fails, to name them."""
+    checked = [item for item in items if item.verify is not None]
+    if not checked or _shell_syntax("".join(in_subshell(i.verify or "") for i in checked)) is None:
+        return []
+    problems = []
+    for item in checked:
+        if (why := _shell_syntax(in_subshell(item.verify or ""))) is not None:
+            problems.append(f"{path}:{item.line}: verify: not a shell command bash can read: {why}")
+    return problems
 
 
 def _image(path: Path) -> bytes:
@@ -136,8 +156,6 @@ def _item(number: int, text: str, base: Path) -> PromptItem:
             raise ValueError(f"image {line.image!r}: cannot read it: {exc.strerror}") from None
         except ValueError as exc:
             raise ValueError(f"image {line.image!r}: {exc}") from None
-    if line.verify is not None and (why := _shell_syntax(line.verify)) is not None:
-        raise ValueError(f"verify: not a shell command bash can read: {why}")
     return PromptItem(
         id=line.id or _content_id(line),
         line=number,
@@ -188,7 +206,9 @@ def read_prompts(path: Path) -> list[PromptItem]:
                 continue
         seen[item.id] = number
         items.append(item)
+    problems += _check_verify(items, path)
     if problems:
+        problems.sort(key=lambda p: int(p[len(str(path)) + 1 :].split(":", 1)[0]))
         shown = problems[:MAX_ERRORS_SHOWN]
         more = len(problems) - len(shown)
         raise ConfigError(
