@@ -261,6 +261,10 @@ async def open_browser(sandbox: Sandbox) -> BrowserSession:
                 reader, writer = await listener.accepted
         except TimeoutError as exc:
             raise ToolFailure("the browser's launcher never connected") from exc
+    except BaseException:
+        if listener.accepted.done() and not listener.accepted.cancelled():
+            listener.accepted.result()[1].close()  # the launcher ends Chromium on its EOF
+        raise
     finally:
         listener.close()
     conn = CdpConnection(reader, writer)
