@@ -204,3 +204,20 @@ async def test_the_chat_client_sends_image_content_to_the_model() -> None:
             await model.aclose()
         assert turn.content == "I see red"
         assert image_bytes_in(server.requests[-1]) == [RED]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed")
+async def test_a_browser_screenshot_goes_to_the_vision_model(sandbox: Sandbox) -> None:
+    """The agent's own image: a screenshot the browser toolset wrote, sent as it is on disk."""
+    from clotho.tools.browser import browser_navigate, browser_screenshot
+
+    await sandbox.write_file("/app/page.html", b"<body style='background:#0f0'><h1>Hi</h1></body>")
+    rt = ToolRuntime(sandbox=sandbox)
+    await browser_navigate.fn(rt, url="file:///app/page.html")
+    await browser_screenshot.fn(rt, path="shot.png")
+    shot = await sandbox.read_file("/app/shot.png")
+    with ScriptedOpenAIServer(
+        [lambda body: assistant("green page" if image_bytes_in(body) == [shot] else "other")]
+    ) as server:
+        out = await analyze_tool(server).fn(rt, path="shot.png", question="What colour?")
+    assert out == "green page"
