@@ -505,3 +505,28 @@ async def test_a_bundled_task_runs_on_ssh(
     assert (metrics["n_scored"], metrics["n_passed"]) == (1, passed)
     assert json.loads((out / "config.json").read_text())["sandbox"]["backend"] == "ssh"
     assert list(root.iterdir()) == []
+
+
+async def test_limits_are_the_stated_rlimits(sshd: Sshd, tmp_path: Path) -> None:
+    """The limits an ssh sandbox has are rlimits, set before its shell starts and stated:
+    a file past file_size_mb is cut off, whoever writes it."""
+    config = _config(sshd, tmp_path / "remote", memory_mb=2048, pids_limit=4000, file_size_mb=1)
+    async with await open_sandbox(config) as sb:
+        r = await sb.exec("ulimit -v; ulimit -u; ulimit -f")
+        assert r.stdout.split() == [str(2048 * 1024), "4000", "1024"]
+        r = await sb.exec("head -c 2M /dev/zero > big; stat -c %s big")
+        assert r.stdout.strip() == str(1 << 20) and r.exit_code == 0
+        limits = sb.facts["limits"]
+        assert "ulimit -v" in limits["memory"] and limits["cpu"] == "none"
+
+
+async def test_a_flood_between_commands_leaves_the_protocol_whole(ssh_sandbox: Any) -> None:
+    """Background programs writing without end on both streams (the channel is paused
+    between commands, resumed for each) leave every command its own end and exit code."""
+    sb = ssh_sandbox
+    await sb.exec("(yes flood >&2 &); (yes flood &)")
+    for n in range(3):
+        r = await sb.exec(f"(exit {n})", timeout=PATIENCE_S)
+        assert (r.exit_code, r.timed_out) == (n, False)
+    await sb.exec("cat /proc/[0-9]*/comm | grep -c '^yes$' > floods", timeout=PATIENCE_S)
+    assert await sb.read_file("floods") == b"2\n"  # both floods ran throughout

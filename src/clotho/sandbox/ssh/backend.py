@@ -357,6 +357,25 @@ class _Session:
         pass
 
 
+class _Flow:
+    """What a `ShellReader` pauses when a stream floods between commands: the SSH channel
+    (both streams). Its window then fills, and the remote writer blocks until the next
+    command resumes it."""
+
+    def __init__(self, channel: SshChannel) -> None:
+        self._channel = channel
+
+    def is_closing(self) -> bool:
+        chan = self._channel._chan
+        return chan is None or bool(chan.is_closing())
+
+    def pause_reading(self) -> None:
+        self._channel._chan.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._channel._chan.resume_reading()
+
+
 class SshChannel(ShellChannel):
     """A bash started by an SSH session channel; every write is preceded by the command
     mark (`remote.mark_prefix`) that lets a timeout find the command's processes."""
@@ -379,6 +398,9 @@ class SshChannel(ShellChannel):
             )
         except (OSError, asyncssh.Error) as exc:
             raise SandboxError(f"cannot start the sandbox shell over ssh: {exc}") from exc
+        flow = _Flow(self)
+        self.stdout.set_transport(flow)  # type: ignore[arg-type]
+        self.stderr.set_transport(flow)  # type: ignore[arg-type]
 
     async def write(self, data: bytes) -> None:
         chan = self._chan
