@@ -337,3 +337,17 @@ def test_generate_with_the_embedded_model(tmp_path: Path) -> None:
     assert line["record"]["turns"] == 1
     assert line["agent_result"]["messages"][-1]["role"] in ("assistant", "tool")
     assert json.loads((out / "generate_stats.json").read_text())["turns"] == 1
+
+
+def test_a_linked_verifiers_folder_is_refused(tmp_path: Path) -> None:
+    """The run folder is anyone's to edit: its verifiers/ as a link elsewhere is an error,
+    never a test.sh written through it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "verifiers").symlink_to(elsewhere)
+    prompts = write_prompts(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x", "verify": "true"}])
+    done = generate(str(prompts), "--out", str(out), home=tmp_path)
+    assert done.returncode == 2 and "cannot write verifiers/a/tests/test.sh" in done.stderr
+    assert list(elsewhere.iterdir()) == []

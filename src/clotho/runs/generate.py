@@ -21,6 +21,8 @@ prompt it finished.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import secrets
 import shlex
 import time
@@ -72,14 +74,34 @@ echo "$reward" > /logs/verifier/reward.txt
 """
 
 
+def _make_dirs(root: Path, parts: list[str]) -> None:
+    """`root/parts...` as folders (0700 when made), walked without following a link."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=fd)
+            child = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
 def verifier_task(item: PromptItem, root: Path, timeout_s: float) -> Task:
     """The prompt's verify command as a Harbor task's tests (written under `root`), so that
     `run_verifier` judges it with every rule a task's tests get. Blocking: a few small files."""
     assert item.verify is not None
     folder = root / VERIFIERS_DIR / item.id
-    (folder / "tests").mkdir(parents=True, exist_ok=True, mode=0o700)
     script = _TEST_SH.format(id=shlex.quote(item.id), command=in_subshell(item.verify))
-    files.write_file(root, f"{VERIFIERS_DIR}/{item.id}/tests/test.sh", script.encode())
+    try:
+        _make_dirs(root, [VERIFIERS_DIR, item.id, "tests"])
+        files.write_file(root, f"{VERIFIERS_DIR}/{item.id}/tests/test.sh", script.encode())
+    except OSError as exc:  # a link on the way is refused, never written through
+        where = f"{VERIFIERS_DIR}/{item.id}/tests/test.sh"
+        raise ConfigError(f"{root}: cannot write {where}: {exc}") from None
     config = TaskConfig(
         verifier=VerifierSettings(timeout_sec=timeout_s),
         agent=AgentSettings(timeout_sec=DEFAULT_AGENT_TIMEOUT_S),
