@@ -38,14 +38,19 @@ def _user_text(body: dict[str, Any]) -> str:
     return content
 
 
-def agent_model(hold: threading.Event | None = None) -> Any:
+def agent_model(hold: threading.Event | None = None, events: list[str] | None = None) -> Any:
     """The scripted model: `RUN: <cmd>` in the prompt becomes a terminal call of <cmd>; a
-    prompt with HOLD waits for `hold` before its first answer."""
+    prompt with HOLD waits for `hold` before its first answer. `events` gets `start` at a
+    prompt's first request and `end` at its last, in the order they came."""
 
     def reply(body: dict[str, Any]) -> dict[str, Any]:
         text = _user_text(body)
         if body["messages"][-1]["role"] != "user":
+            if events is not None:
+                events.append("end")
             return assistant("All done.")
+        if events is not None:
+            events.append("start")
         if hold is not None and "HOLD" in text:
             hold.wait(120)
         command = text.split("RUN: ", 1)[1]
@@ -160,7 +165,8 @@ def test_generate_writes_trajectories_stats_and_sft(tmp_path: Path) -> None:
     )
     out = tmp_path / "run"
     sft = tmp_path / "sft.jsonl"
-    with ScriptedOpenAIServer(default=agent_model()) as server:
+    events: list[str] = []
+    with ScriptedOpenAIServer(default=agent_model(events=events)) as server:
         done = generate(
             str(prompts),
             "--out", str(out),
@@ -172,6 +178,8 @@ def test_generate_writes_trajectories_stats_and_sft(tmp_path: Path) -> None:
         )  # fmt: skip
         firsts = [r["messages"][1]["content"] for r in server.requests if len(r["messages"]) == 2]
     assert done.returncode == 0, done.stderr
+    in_flight = [events[: i + 1].count("start") - events[: i + 1].count("end") for i in range(8)]
+    assert len(events) == 8 and max(in_flight) <= 2  # -n 2: never three prompts at once
     assert sorted(firsts) == sorted(
         [
             "Copy input.txt. RUN: cp input.txt out.txt",
