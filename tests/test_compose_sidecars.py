@@ -345,15 +345,25 @@ def test_the_tests_reach_the_sidecar_beside_the_agents_services(make_task, tmp_p
 
 @requires_docker
 def test_gc_removes_a_killed_runs_sidecar(make_task, tmp_path: Path) -> None:
-    """A run SIGKILLed while its sidecar serves leaves it (no exit cleanup runs);
-    `clotho sandbox gc` finds it by its dead owner and removes it with its sandbox."""
+    """`clotho sandbox ls` lists a sidecar beside its sandbox; a run SIGKILLed while its
+    sidecar serves (no exit cleanup runs) leaves nothing once `clotho sandbox gc` ran: the
+    sidecar is found by its dead owner and removed with its sandbox."""
     out = tmp_path / "run"
     proc = _start_run(kv_task(make_task, "left"), out)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert _sidecars_of(out), "the killed run's sidecar should be left behind"
-    listed = _clotho("sandbox", "ls")
-    assert "docker-sidecar" in listed.stdout, listed.stdout
+    try:
+        # Listed while its run is alive (an orphan may be reaped by any clotho process's
+        # pool on this machine at any moment: that is the design).
+        (sidecar,) = _sidecars_of(out)
+        short_id = subprocess.run(
+            ["docker", "inspect", "--format", "{{.Id}}", sidecar],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()[:12]  # fmt: skip
+        listed = _clotho("sandbox", "ls")
+        rows = [line for line in listed.stdout.splitlines() if short_id in line]
+        assert rows and "docker-sidecar" in rows[0], listed.stdout
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     gc = _clotho("sandbox", "gc")
     assert gc.returncode == 0, gc.stderr
     assert _run_containers(out) == [], "gc left the run's containers"
