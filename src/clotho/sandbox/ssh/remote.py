@@ -77,13 +77,14 @@ def parse_fields(text: str) -> dict[str, str]:
 
 
 def prepare_script(folder: str, root: str, marker: str) -> str:
-    """Make the sandbox's folder with its marker, before anything runs in it."""
+    """Make the sandbox's folder, its marker first (gc knows whose any folder is), before
+    anything runs in it."""
     d, r = shlex.quote(folder), shlex.quote(root)
     return (
         f"set -e; umask 077; mkdir -p -- {r}; chmod 700 -- {r}; mkdir -- {d}; "
+        f"printf '%s\\n' {shlex.quote(marker)} > {d}/lease.json; "
         f"mkdir -- {d}/app {d}/xfer {d}/priv {d}/home {d}/fs; chmod 755 -- {d}/app {d}/xfer; "
-        f"cd -- {d}/fs; mkdir -- {' '.join(KEPT.values())}; chmod 1777 tmp var-tmp; "
-        f"printf '%s\\n' {shlex.quote(marker)} > {d}/lease.json"
+        f"cd -- {d}/fs; mkdir -- {' '.join(KEPT.values())}; chmod 1777 tmp var-tmp"
     )
 
 
