@@ -147,8 +147,8 @@ async def _attempt(
         )
         async with SlotPool() as pool:
             outcome = await run_trial(HarborTrial(load_task(TASK)), runner, config, pool)
-    [run] = runner.runs
-    return outcome, run, server
+    assert len(runner.runs) == 1, outcome.error  # the agent ran (else: why not)
+    return outcome, runner.runs[0], server
 
 
 def _check_solved(name: str, outcome: Any, run: Any, server: ScriptedOpenAIServer) -> None:
