@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from tests.docker_probe import DOCKER_PROBLEM, requires_docker
-from tests.support import wait_until_sync
+from tests.support import wait_until, wait_until_sync
 
 from clotho.errors import TaskError
 from clotho.sandbox.backends import EnvironmentSpec, check_sidecars
@@ -289,6 +289,46 @@ def test_a_sidecar_that_never_gets_healthy_is_a_task_error_naming_it(
     assert record["error"]["kind"] == "task", record
     assert "sidecar 'kv' is unhealthy" in record["error"]["message"], record
     assert _run_containers(out) == []
+
+
+@requires_docker
+async def test_a_sidecar_past_the_disk_limit_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the disk limit is watched (no file system of its size), a sidecar whose writable
+    layer outgrows the sandbox's storage_mb is killed: what the agent makes a service store
+    is bounded too. Closing the sandbox removes it."""
+    from clotho.sandbox.docker.backend import DockerBackend
+    from clotho.sandbox.docker.sidecars import SidecarSandbox
+    from clotho.sandbox.sidecar_spec import SidecarSpec
+
+    monkeypatch.delenv("CLOTHO_DOCKER_QUOTA", raising=False)
+    filler = SidecarSpec(
+        name="filler",
+        image="clotho/base:bookworm",
+        command=["sh", "-c", "head -c 40000000 /dev/zero > /big && sleep infinity"],
+    )
+    config = DockerSandboxConfig(storage_mb=16, storage_check_s=0.2, sidecars=[filler])
+    backend = DockerBackend()
+    sandbox = await backend.open(config, {"clotho.task": "disk-filler"})
+    try:
+        assert isinstance(sandbox, SidecarSandbox)
+        assert await wait_until(lambda: sandbox.sidecar_over_disk is not None, timeout=120)
+        assert sandbox.sidecar_over_disk == "filler"
+        (container,) = sandbox._sidecars or []
+        state = (await container.show())["State"]
+        assert not state["Running"], state
+        assert (await sandbox.exec("echo still here")).stdout == "still here\n"
+    finally:
+        await sandbox.close()
+        await backend.aclose()
+    assert _containers_of_task("disk-filler") == []
+
+
+def _containers_of_task(task: str) -> list[str]:
+    proc = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"label=clotho.task={task}", "--format", "{{.Names}}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return proc.stdout.split()
 
 
 def _start_run(task: Path, out: Path) -> subprocess.Popen[bytes]:

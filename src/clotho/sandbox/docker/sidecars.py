@@ -11,7 +11,9 @@ runs without iptables (`--iptables=false`), so an `internal` bridge still routes
 host's own addresses.
 
 Every sidecar has the limits a sandbox container has (memory without swap, pids, CPUs:
-the service's own `mem_limit`/`cpus`, else the sandbox's), docker-init, and the sandbox's
+the service's own `mem_limit`/`cpus`, else the sandbox's; the sandbox's `storage_mb` for its
+writable layer, a file system where `confine` can make one, else measured for the sandbox's
+life and the sidecar killed past it), docker-init, and the sandbox's
 labels plus `clotho.sidecar` (its service) and `clotho.sidecar-of` (the sandbox's
 container): `clotho sandbox ls/gc`, the pool's reaper and the exit cleanup find it by its
 owner and lease as they find the sandbox. They start in dependency order, each waited for
@@ -24,6 +26,7 @@ removes them with it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +49,8 @@ from clotho.sandbox.sidecar_spec import SidecarSpec
 
 if TYPE_CHECKING:
     from clotho.sandbox.docker.backend import DockerBackend
+
+log = logging.getLogger(__name__)
 
 SIDECAR_OF = "clotho.sidecar-of"  # the sandbox container it serves
 _NS = 1_000_000_000
@@ -154,6 +159,8 @@ class SidecarSandbox(DockerSandbox):
     """A Docker sandbox with its task's services beside it, removed with it."""
 
     _sidecars: list[Any] | None = None
+    _disk_watch: asyncio.Task[None] | None = None
+    sidecar_over_disk: str | None = None  # the sidecar killed past the disk limit, if one was
 
     @classmethod
     async def create_with_sidecars(
@@ -170,16 +177,23 @@ class SidecarSandbox(DockerSandbox):
         sandbox = await cls.create(config, labels, docker=docker, images=images, lease_s=lease_s)
         assert isinstance(sandbox, SidecarSandbox)
         try:
-            await sandbox._start_sidecars(docker, labels, lease_s)
+            watched = await sandbox._start_sidecars(docker, labels, lease_s)
+            if watched:
+                sandbox._disk_watch = asyncio.ensure_future(sandbox._watch_disks(watched))
         except BaseException:
             await sandbox.close()
             raise
         return sandbox
 
-    async def _start_sidecars(self, docker: Any, labels: dict[str, str], lease_s: float) -> None:
+    async def _start_sidecars(
+        self, docker: Any, labels: dict[str, str], lease_s: float
+    ) -> list[tuple[str, Any]]:
+        """Start each sidecar and wait until it is ready; the ones whose disk limit is
+        watched rather than enforced (no `confine`)."""
         from aiodocker.exceptions import DockerError
 
         self._sidecars = []
+        watched: list[tuple[str, Any]] = []
         timeout = self.config.sidecar_timeout_s
         deadline = asyncio.get_running_loop().time() + timeout
         for side in self.config.sidecars:
@@ -191,13 +205,43 @@ class SidecarSandbox(DockerSandbox):
                 raise SandboxError(f"cannot create sidecar {side.name!r}: {exc}") from exc
             self._sidecars.append(container)
             try:
-                await confine(container, self.config.storage_mb or DEFAULT_DOCKER_STORAGE_MB)
+                disk = await confine(container, self.config.storage_mb or DEFAULT_DOCKER_STORAGE_MB)
                 await container.start()
             except DockerError as exc:
                 raise TaskError(f"sidecar {side.name!r} did not start: {exc}") from exc
+            if disk is None:
+                watched.append((side.name, container))
             await _ready(container, side, deadline, timeout)
+        return watched
+
+    async def _watch_disks(self, watched: list[tuple[str, Any]]) -> None:
+        """Where the disk limit cannot be a file system (`confine`), each sidecar's writable
+        layer is measured every 5 x `storage_check_s` (the daemon walks the layer to answer)
+        for the sandbox's life, and one past `storage_mb` is killed: what the agent makes a
+        service store is bounded like what it stores itself."""
+        from aiodocker.exceptions import DockerError
+
+        limit = (self.config.storage_mb or DEFAULT_DOCKER_STORAGE_MB) << 20
+        every = self.config.storage_check_s * 5
+        while watched:
+            await asyncio.sleep(every)
+            for name, container in list(watched):
+                try:
+                    info = await container.docker._query_json(
+                        f"containers/{container.id}/json", params={"size": "1"}
+                    )
+                    if int(info.get("SizeRw") or 0) <= limit:
+                        continue
+                    await container.kill(signal="SIGKILL")
+                except DockerError:
+                    continue
+                log.warning("sidecar %s passed its disk limit (%d MB): killed", name, limit >> 20)
+                self.sidecar_over_disk = name
+                watched.remove((name, container))
 
     async def _release(self) -> None:
+        if self._disk_watch is not None:
+            self._disk_watch.cancel()
         try:
             if self._sidecars:
                 await asyncio.gather(*(delete_container(c) for c in self._sidecars))
