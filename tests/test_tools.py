@@ -135,6 +135,16 @@ def test_builtin_schemas() -> None:
         "write_file",
         "edit_file",
         "search_files",
+        "browser_navigate",
+        "browser_snapshot",
+        "browser_click",
+        "browser_type",
+        "browser_select",
+        "browser_back",
+        "browser_screenshot",
+        "web_search",
+        "web_extract",
+        "analyze_image",
     }
     search = registry.tools["search_files"].schema()["function"]["parameters"]
     assert search["properties"]["mode"]["enum"] == ["content", "files"]
