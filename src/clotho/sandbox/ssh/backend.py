@@ -1,10 +1,13 @@
 """The ssh backend: sandboxes on a machine reached over SSH (asyncssh).
 
 One SSH connection per sandbox carries its persistent shell (the shared `PersistentShell`
-protocol over an SSH session channel), SFTP for files, and the short control commands that
-kill a timed-out command. The sandbox lives in a folder of its own under a clotho-owned root
-on the remote host (`remote.py` describes it) with a marker naming its owner, so `clotho
-sandbox ls/gc` and the pool's reaper find what a dead owner left.
+protocol over an SSH session channel), SFTP for files and the fresh processes of
+verification. One control shell per host (a plain bash of the remote user on the backend's
+own connection, outside every sandbox) probes the host, prepares folders, kills timed-out
+commands and removes sandboxes: no SSH session, with its login shell and rc files, per step.
+The sandbox lives in a folder of its own under a clotho-owned root on the remote host
+(`remote.py` describes it) with a marker naming its owner, so `clotho sandbox ls/gc` and
+the pool's reaper find what a dead owner left.
 
 Isolation is bubblewrap on the remote host when it has a working one (probed once per
 backend); otherwise the sandbox is plain processes of the remote user in its folder, which
@@ -49,6 +52,7 @@ from clotho.sandbox.transfer import (
     NOT_REGULAR_EXIT,
     TOO_BIG_EXIT,
     add_tree,
+    remove_host_tree,
     too_big,
     unpack_tar,
 )
@@ -156,28 +160,6 @@ async def connect(config: SshSandboxConfig) -> asyncssh.SSHClientConnection:
         raise SandboxError(f"cannot connect to {_where(config)}: {exc}") from exc
 
 
-async def run_script(
-    conn: asyncssh.SSHClientConnection,
-    script: str,
-    *,
-    stdin: str | None = None,
-    timeout: float = _CONTROL_TIMEOUT_S,
-    what: str = "a control command",
-) -> str:
-    """Run a bash script on the remote host; its stdout, or SandboxError when it fails."""
-    import asyncssh
-
-    try:
-        result = await conn.run(
-            remote.bash(script), input=stdin, check=False, timeout=timeout, encoding="utf-8"
-        )
-    except (OSError, asyncssh.Error) as exc:
-        raise SandboxError(f"{what} on the ssh host failed: {exc}") from exc
-    if result.exit_status != 0:
-        raise SandboxError(f"{what} on the ssh host failed: {str(result.stderr).strip()[:500]}")
-    return str(result.stdout)
-
-
 class SshBackend(SandboxBackend[SshSandboxConfig]):
     """One SSH host (user, port and remote root): a control connection for probing, listing
     and removal; each sandbox opens a connection of its own."""
@@ -243,6 +225,11 @@ class SshBackend(SandboxBackend[SshSandboxConfig]):
 
     def isolation(self, config: SshSandboxConfig, facts: HostFacts) -> tuple[str, str]:
         """("bwrap" | "none", why), said once at run time when the host gives no isolation."""
+        if facts.lacks:
+            raise ConfigError(
+                f"{_where(self.config)} lacks what the ssh backend runs there: "
+                f"{', '.join(facts.lacks)} (bash and coreutils, awk, find, tar)"
+            )
         if config.isolation == "none":
             return "none", "isolation: none was asked for"
         if facts.bwrap == "ok":
@@ -725,7 +712,7 @@ class SshSandbox(ShellBackedSandbox):
                         os.chmod(local, int(result.stdout.split()[0], 8) & 0o777)
             except BaseException:
                 if local.is_dir() and not local.is_symlink():
-                    await asyncio.to_thread(_rmtree_quietly, local)
+                    await remove_host_tree(local)
                 else:
                     local.unlink(missing_ok=True)
                 raise
@@ -905,12 +892,6 @@ def _unpack(tar_path: Path, target: Path, max_bytes: int, what: str) -> None:
             raise too_big(what, max_bytes)
         target.mkdir()
         unpack_tar(tar, members, target)
-
-
-def _rmtree_quietly(path: Path) -> None:
-    from clotho.sandbox.transfer import _remove_quietly
-
-    _remove_quietly(path)
 
 
 __all__ = ["SshBackend", "SshSandbox"]
