@@ -159,6 +159,29 @@ def test_dependencies_start_first_and_dotenv_is_read(make_task) -> None:
     assert by_name["db"].command == ["sleep", "infinity"]
 
 
+def test_the_main_service_is_built_and_never_a_sidecar(make_task) -> None:
+    """One reading of which service is the sandbox: its build is the image, the others are
+    sidecars; a main service without a build builds nothing (a sidecar's build is never
+    taken for it)."""
+    from clotho.tasks.environment import build_context
+
+    built = "services:\n  client:\n    build: ./img\n  db:\n    image: clotho/base:bookworm\n"
+    task = load_task(
+        make_task("built", env_files={"docker-compose.yaml": built, "img/Dockerfile": "FROM x\n"})
+    )
+    found = build_context(task)
+    assert found is not None and found[0].name == "img"
+    assert [s.name for s in sidecar_specs(task)] == ["db"]
+    overlay = "services:\n  main:\n    depends_on: [api]\n  api:\n    build: ./api\n"
+    task = load_task(
+        make_task(
+            "overlay", env_files={"docker-compose.yaml": overlay, "api/Dockerfile": "FROM x\n"}
+        )
+    )
+    assert build_context(task) is None
+    assert [s.name for s in sidecar_specs(task)] == ["api"]
+
+
 @pytest.mark.parametrize(
     ("service", "key"),
     [

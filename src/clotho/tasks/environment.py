@@ -13,7 +13,7 @@ import yaml
 
 from clotho.errors import TaskError
 from clotho.sandbox import EnvironmentSpec, Sandbox
-from clotho.tasks.compose import sidecar_specs
+from clotho.tasks.compose import main_service, sidecar_specs
 from clotho.tasks.harbor import Task
 
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
@@ -23,7 +23,8 @@ BUILD_FILES = ("Dockerfile", ".dockerignore", *COMPOSE_FILES)
 
 def build_context(task: Task) -> tuple[Path, str] | None:
     """(context folder, Dockerfile name): environment/Dockerfile, or the build section of
-    the compose file's main service (`main`, else `client`, else the first with `build`)."""
+    the compose file's main service (`main`, else `client`, else the first with `build`:
+    `compose.main_service`); a main service without one builds nothing."""
     env_dir = task.environment_dir
     if (env_dir / "Dockerfile").is_file():
         return env_dir, "Dockerfile"
@@ -35,10 +36,10 @@ def build_context(task: Task) -> tuple[Path, str] | None:
             services = (yaml.safe_load(compose.read_text()) or {}).get("services") or {}
         except yaml.YAMLError as exc:
             raise TaskError(f"{compose}: invalid YAML: {exc}") from exc
-        with_build = {k: v for k, v in services.items() if isinstance(v, dict) and v.get("build")}
-        main = next((with_build[k] for k in ("main", "client") if k in with_build), None)
-        main = main or next(iter(with_build.values()), None)
-        if main is None:
+        # The main service as `tasks/compose.py` reads it (its other services are sidecars).
+        name = main_service(services, has_dockerfile=False) if isinstance(services, dict) else None
+        main = services.get(name) if name is not None else None
+        if not isinstance(main, dict) or not main.get("build"):
             continue
         build = main["build"]
         if isinstance(build, str):
