@@ -17,7 +17,7 @@ from clotho.chat.models import Model, ModelSession, build_model
 from clotho.gateway.record import GatewayLimits
 from clotho.gateway.server import Gateway
 from clotho.installed_agents.base import InstalledAgentRunner
-from clotho.tools.builtin import default_registry
+from clotho.tools.builtin import ToolsConfig, default_registry
 from clotho.tools.tool import Tool
 
 # clotho's own agents; any other name is an installed agent's (`installed_agents`).
@@ -82,11 +82,13 @@ async def build_agent(
     max_turns: int,
     system_prompt: str | None = None,
     command_timeout_s: float | None = None,
+    tools_config: ToolsConfig | None = None,
 ) -> tuple[Agent, Model | None]:
     """An agent by name, and the model client to close afterwards (None for the reference
     agents). No endpoint configured: the embedded local model. An installed agent's name:
     its runner, its model calls through one gateway for the run, `max_turns` its budget of
-    model calls per attempt (`system_prompt` and `toolsets` are clotho's own agent's)."""
+    model calls per attempt (`system_prompt`, `toolsets` and `tools_config` are clotho's own
+    agent's)."""
     if kind == "oracle":
         return OracleAgent(), None
     if kind == "nop":
@@ -100,8 +102,10 @@ async def build_agent(
         closing = GatewayModel(Gateway(client, model_name=config.model), client)
         runner = InstalledAgentRunner(adapter, closing.gateway, GatewayLimits(max_turns=max_turns))
         return runner, closing
+    # The toolsets first: one that cannot work here (no key, provider unreachable) is a
+    # ConfigError before any model is loaded.
+    tools = await default_registry(tools_config).prepare(toolsets)
     client = await build_model(model or ModelConfig())
-    tools = default_registry().resolve(toolsets)
     agent = llm_agent(
         client,
         tools,
