@@ -266,8 +266,10 @@ async def run_generate(
     try:
         async with pool:
             if pending:
+                # A chosen toolset that cannot work (no key, provider unreachable) is a
+                # ConfigError before the model is loaded or any prompt runs.
+                tools = await default_registry(config.tools).prepare(config.toolsets)
                 model = await build_model(config.model or ModelConfig())
-                tools = default_registry().resolve(config.toolsets)
 
                 def make_agent(item: PromptItem) -> Agent:
                     assert model is not None
