@@ -64,7 +64,10 @@ def _run_tools(run_dir: Path) -> list[dict[str, Any]] | None:
         raise ConfigError(f"{path}: {describe_validation_error(exc)}") from exc
     if config.agent == "nop":
         return None
-    return tool_schemas(default_registry().resolve(config.toolsets))
+    # The schemas only: a toolset whose provider is gone since the run still exports.
+    registry = default_registry(config.tools)
+    names = dict.fromkeys(n for name in config.toolsets for n in registry.toolset_tools(name))
+    return tool_schemas([registry.tools[n] for n in names])
 
 
 def trajectories_from_run(run_dir: Path) -> Iterator[Trajectory]:

@@ -42,6 +42,7 @@ async def build_agent(config: EvalConfig) -> tuple[Agent, Model | None]:
         max_turns=config.max_turns,
         system_prompt=config.system_prompt,
         command_timeout_s=config.command_timeout_s,
+        tools_config=config.tools,
     )
 
 

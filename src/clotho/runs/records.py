@@ -19,6 +19,7 @@ from clotho.errors import ErrorInfo
 from clotho.rollout import PhaseTimings, RolloutOutcome, VerifierOutcome
 from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
 from clotho.swe.instance import SweOptions
+from clotho.tools.builtin import ToolsConfig
 
 
 class EvalConfig(BaseModel):
@@ -72,6 +73,10 @@ class EvalConfig(BaseModel):
         "a quarter of the attempts to run (past it, infra failures wait for --resume)",
     )
     toolsets: list[str] = Field(default_factory=lambda: ["terminal", "file"])
+    tools: ToolsConfig = Field(
+        default_factory=ToolsConfig,
+        description="the web provider and the vision model of the web and vision toolsets",
+    )
     swe: SweOptions = Field(
         default_factory=SweOptions, description="SWE instance files: repositories, reward, caches"
     )
