@@ -348,7 +348,7 @@ async def main():
     sb = await open_sandbox(SshSandboxConfig.model_validate_json(sys.argv[1]), {"clotho.run": "r1"})
     await sb.exec(f"(exec -a {sys.argv[2]} sleep 1000) > /dev/null 2>&1 &")
     print(sb.folder, flush=True)
-    await asyncio.sleep(3600)
+    await asyncio.Event().wait()  # until the test kills it
 
 asyncio.run(main())
 """
