@@ -71,7 +71,7 @@ class Environment(abc.ABC, Generic[Item]):
     ) -> None:
         self.config = config
         self.model = model
-        self.registry = registry or default_registry()
+        self.registry = registry or default_registry(config.tools)
         self.pool = pool
         self.rng = random.Random(config.seed)
         self.item_cursor = 0  # how many items were taken, for environments that index by it
@@ -204,6 +204,7 @@ class Environment(abc.ABC, Generic[Item]):
         missing = missing_extra(self.config.sandbox)
         if missing is not None:
             raise ConfigError(missing)
+        await self.prepare_tools()
         if self.config.tokenizer and self._tokenizer is None:
             self._tokenizer = await asyncio.to_thread(
                 TemplateTokenizer.from_path, self.config.tokenizer
@@ -213,6 +214,17 @@ class Environment(abc.ABC, Generic[Item]):
         if config is not None and config.api != "local":
             for url in config.base_urls:
                 await probe_endpoint(url, config.api_key_env)
+
+    async def prepare_tools(self) -> None:
+        """Every toolset a group can be given, checked and probed once (a distribution: each
+        it can draw): one that cannot work here (no key, an unreachable provider, named by
+        its `tools.*` setting) is a ConfigError before the first rollout."""
+        if self.config.distribution:
+            await self.registry.prepare_distribution(
+                self.config.distribution, self.config.disabled_toolsets
+            )
+        else:
+            await self.registry.prepare(self.config.toolsets, self.config.disabled_toolsets)
 
     def _require_pool(self) -> SlotPool:
         if self.pool is None:
@@ -273,7 +285,9 @@ class Environment(abc.ABC, Generic[Item]):
             await self.setup_workspace(item, sandbox)
 
         async def verify(sandbox: Sandbox, result: AgentResult) -> VerifierOutcome:
-            reward = await self.compute_reward(item, result, ToolContext(sandbox, by_name))
+            reward = await self.compute_reward(
+                item, result, ToolContext(sandbox, by_name, self.registry)
+            )
             if isinstance(reward, VerifierOutcome):
                 return reward
             return VerifierOutcome(reward=float(reward))

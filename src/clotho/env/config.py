@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from clotho.chat.client import ModelConfig
 from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
 from clotho.sandbox.pool import PoolConfig
+from clotho.tools.builtin import ToolsConfig
 
 
 class EnvConfig(BaseModel):
@@ -21,6 +22,10 @@ class EnvConfig(BaseModel):
     )
     disabled_toolsets: list[str] = Field(default_factory=list)
     distribution: str | None = Field(None, description="toolset distribution, sampled per group")
+    tools: ToolsConfig = Field(
+        default_factory=ToolsConfig,
+        description="the web provider and the vision model of the web and vision toolsets",
+    )
     max_turns: int = Field(30, ge=1)
     time_limit_s: float | None = Field(None, gt=0, description="per rollout, agent only")
     max_total_tokens: int | None = Field(None, gt=0)

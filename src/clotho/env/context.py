@@ -10,14 +10,21 @@ from pydantic import ValidationError
 
 from clotho.errors import describe_validation_error
 from clotho.sandbox.base import ExecResult, Sandbox
+from clotho.tools.registry import ToolRegistry
 from clotho.tools.runtime import ToolRuntime
 from clotho.tools.tool import Tool
 
 
 class ToolContext:
-    def __init__(self, sandbox: Sandbox, tools: dict[str, Tool] | None = None) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        tools: dict[str, Tool] | None = None,
+        registry: ToolRegistry | None = None,
+    ) -> None:
         self.sandbox = sandbox
         self.tools = tools or {}
+        self.registry = registry  # where a tool the rollout was not given is found
         self._runtime = ToolRuntime(sandbox=sandbox)
 
     async def terminal(
@@ -49,9 +56,11 @@ class ToolContext:
         """Run a tool as the agent would; errors come back as an exception, not a string."""
         tool = self.tools.get(name)
         if tool is None:
-            from clotho.tools.builtin import default_registry
+            if self.registry is None:  # the built-ins, with the default tools settings
+                from clotho.tools.builtin import default_registry
 
-            tool = default_registry().tools.get(name)
+                self.registry = default_registry()
+            tool = self.registry.tools.get(name)
         if tool is None:
             raise KeyError(f"unknown tool {name!r}")
         if isinstance(arguments, str):
