@@ -16,7 +16,14 @@ layer's size instead.
 It is off unless `CLOTHO_DOCKER_QUOTA=1`: on this machine, while many confined containers
 came and went, `docker exec` into some containers failed for minutes with runc's "error
 starting setns process: fork/exec /proc/self/exe: no such file or directory" (a verification
-that cannot start is infra, but it is lost work), and the cause is not found yet.
+that cannot start is infra, but it is lost work). What is known: runc starts an exec's process
+in the container's root folder on the host (the overlay at `<layer>/merged`), and that error is
+its chdir failing. Reproduced once more (29 failed execs in 20 s, while two full test suites
+and other tests ran beside the Docker tests; never with the Docker tests alone): a watcher saw
+a running, confined container lose both mounts, the ext4 on its layer folder and the overlay
+under it, 13 s before the first failed exec and 22 s before the container stopped; dockerd
+only unmounts a container's overlay when it stops. So something detached the layer's file
+system from the host's mount namespace while the container ran; what, is not found yet.
 """
 
 from __future__ import annotations
