@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
@@ -374,12 +373,14 @@ class InstalledAgentRunner:
             ran = time.monotonic()
             result = await sandbox.exec(command, env=env, timeout=ctx.time_limit_s)
             agent_s = time.monotonic() - ran
-            trajectory = await _read_text(sandbox, self.agent.trajectory_path)
+            trajectory, unread = await _read_text(sandbox, self.agent.trajectory_path)
         finally:
             record = self.gateway.close_trial(trial)
             if link is not None:
                 await self.gateway.close_listener(link.listener)
         output = (result.stdout[-4000:] + "\n" + result.stderr[-4000:]).strip()
+        if unread:  # said with the output: an agent that wrote none, or a read that failed
+            output += f"\n[clotho: no trajectory read from {self.agent.trajectory_path}: {unread}]"
         self.runs.append(InstalledRun(record, result.exit_code, result.timed_out, output,
                                       trajectory, prepare_s, agent_s, exposure))  # fmt: skip
         stop: StopReason = "finished"
@@ -411,11 +412,13 @@ class InstalledAgentRunner:
         )
 
 
-async def _read_text(sandbox: Sandbox, path: str) -> str | None:
-    with contextlib.suppress(FileNotFoundError, IsADirectoryError, OSError):
+async def _read_text(sandbox: Sandbox, path: str) -> tuple[str | None, str]:
+    """The file's text, or None and why not."""
+    try:
         data = await sandbox.read_file(path, max_bytes=MAX_TRAJECTORY_BYTES)
-        return data.decode(errors="replace")
-    return None
+    except OSError as exc:  # FileNotFoundError, IsADirectoryError, ...
+        return None, f"{type(exc).__name__}: {exc}"
+    return data.decode(errors="replace"), ""
 
 
 def conversation(record: GatewayRecord) -> list[dict[str, Any]]:
