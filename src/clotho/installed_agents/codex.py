@@ -50,7 +50,7 @@ def _config() -> list[str]:
 class Codex(InstalledAgent):
     name = "codex"
     version = VERSION
-    apis = ("openai-responses",)  # type: ignore[assignment]
+    apis = ("openai-responses",)
     trajectory_file = "codex.jsonl"
 
     async def prepare(self, python: str, cache_dir: Path) -> AgentInstall:
