@@ -26,8 +26,8 @@ from tests.support import PATIENCE_S, wait_until
 
 from clotho.sandbox import LocalSandboxConfig, UnsafeLocalSandboxConfig, open_sandbox
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.local.bwrap import BwrapSandbox
 
 P = ParamSpec("P")
 T = TypeVar("T")

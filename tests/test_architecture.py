@@ -54,8 +54,8 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
 # Modules that are one backend's own: only sandbox/ imports them (callers go through
 # `clotho.sandbox`, the config registry and the `Sandbox` contract).
 BACKEND_MODULES = (
-    "clotho.sandbox.bwrap",
-    "clotho.sandbox.unsafe_local",
+    "clotho.sandbox.local.bwrap",
+    "clotho.sandbox.local.unsafe_local",
     "clotho.sandbox.docker",
     "clotho.sandbox.ray",
     "clotho.sandbox.remote",
@@ -68,7 +68,7 @@ ALLOWED_BACKEND_IMPORTS: dict[tuple[str, str], str] = {
     # `clotho bench sandbox` measures the backends themselves beside baselines of their own
     # parts: a new bubblewrap per command (the backend's read-only root arguments) and slots
     # opened straight from a Docker `SlotHost` (which of them started a container).
-    ("clotho.bench.sandbox_bench", "clotho.sandbox.bwrap"): "baseline: bwrap per command",
+    ("clotho.bench.sandbox_bench", "clotho.sandbox.local.bwrap"): "baseline: bwrap per command",
     ("clotho.bench.sandbox_bench", "clotho.sandbox.docker.backend"): "slot figures",
     ("clotho.bench.sandbox_bench", "clotho.sandbox.docker.slots"): "slot figures",
     # The Ray benchmarks start a real local cluster (`ray/local_cluster.py`, shared with the

@@ -18,8 +18,8 @@ from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, TrialRecord
 from clotho.runs.schedule import retry_budget
 from clotho.sandbox import cgroups
-from clotho.sandbox.backends import LocalBackend
 from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox.local.backend import LocalBackend
 
 
 def _lines(out: Path) -> list[TrialRecord]:

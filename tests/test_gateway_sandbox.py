@@ -23,7 +23,7 @@ from clotho.errors import TaskError
 from clotho.gateway import Gateway, GatewayLimits, GatewayTrial
 from clotho.gateway.channel import link_sandbox, socket_place
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.bwrap import BwrapSandbox
+from clotho.sandbox.local.bwrap import BwrapSandbox
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # bwrap_sandbox, docker_sandbox, root_mode
 

@@ -23,9 +23,9 @@ from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import SandboxError
 from clotho.sandbox import LocalSandboxConfig, Sandbox, open_sandbox
-from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
 from clotho.sandbox.leases import LEASE_EXPIRES, OWNER
+from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
 
@@ -412,7 +412,7 @@ async def test_closing_does_not_wait_for_a_backend_that_cannot_list_its_sandboxe
 ) -> None:
     """Reaping a dead run's leftovers is optional work: a backend whose listing never answers
     (a Ray host actor that never started) is cancelled at close, not waited for."""
-    from clotho.sandbox.backends import LocalBackend
+    from clotho.sandbox.local.backend import LocalBackend
 
     listing = asyncio.Event()
     never = asyncio.Event()

@@ -123,7 +123,7 @@ async def test_a_broken_sandbox_is_judged_by_its_own_host(
     """A cluster that lost some node reports itself unhealthy for a while; a sandbox the
     agent broke on a node that is alive is still the agent's failure. The health probe is a
     TEST DOUBLE (the local backend has no node to lose); the sandbox and the agent are real."""
-    from clotho.sandbox.backends import LocalBackend
+    from clotho.sandbox.local.backend import LocalBackend
 
     asked: list[object] = []
 

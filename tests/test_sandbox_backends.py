@@ -38,11 +38,12 @@ from clotho.sandbox import (
     UnsafeLocalSandboxConfig,
     open_sandbox,
 )
-from clotho.sandbox.backends import LocalBackend, backend_key, make_backend
+from clotho.sandbox.backends import backend_key, make_backend
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.docker import images
 from clotho.sandbox.docker.images import context_hash
 from clotho.sandbox.leases import OWNER
+from clotho.sandbox.local.backend import LocalBackend
 from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX, make_state_dir
 from clotho.sandbox.transfer import BIG_FILE
 

@@ -1,4 +1,4 @@
-"""The bubblewrap sandbox (sandbox/bwrap.py) with real namespaces, in both root modes."""
+"""The bubblewrap sandbox (sandbox/local/bwrap.py) with real namespaces, in both root modes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.support import PATIENCE_S, wait_until
 from clotho.errors import SandboxError
 from clotho.sandbox import LocalSandboxConfig, open_sandbox, proctree
 from clotho.sandbox.base import ExecResult
-from clotho.sandbox.bwrap import XFER_MOUNT, BwrapSandbox
+from clotho.sandbox.local.bwrap import XFER_MOUNT, BwrapSandbox
 from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
 from clotho.sandbox.transfer import read_host_file
 
@@ -268,7 +268,7 @@ async def test_timeout_kills_tree_but_not_background(bwrap_sandbox: BwrapSandbox
 async def test_bwrap_missing_fails_closed(
     monkeypatch: pytest.MonkeyPatch, root_mode: str, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("clotho.sandbox.bwrap.shutil.which", lambda name, *a, **k: None)
+    monkeypatch.setattr("clotho.sandbox.local.bwrap.shutil.which", lambda name, *a, **k: None)
     with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
         await open_sandbox(LocalSandboxConfig(root=root_mode, state_dir=str(tmp_path)))
     assert list(tmp_path.iterdir()) == []

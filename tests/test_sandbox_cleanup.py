@@ -26,8 +26,8 @@ from tests.sandbox_fixtures import requires_bwrap
 from tests.support import PATIENCE_S
 
 from clotho.sandbox import open_sandbox
-from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.state import STATE_PREFIX, remove_tree
 
 DEPTH = 5000

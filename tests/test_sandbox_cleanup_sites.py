@@ -22,8 +22,8 @@ import pytest
 from tests.sandbox_fixtures import requires_bwrap
 
 from clotho.sandbox import open_sandbox
-from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.ray.payload import pack, unpack
 from clotho.sandbox.ray.payload import remove_tree as remove_payload_tree
 from clotho.sandbox.transfer import XferDir

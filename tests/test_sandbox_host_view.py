@@ -24,7 +24,7 @@ from tests.scripted_openai import ScriptedOpenAIServer, assistant, tool_call
 from tests.test_eval_cli import clotho, results
 
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
-from clotho.sandbox.bwrap import BwrapSandbox
+from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.transfer import XFER_MOUNT
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""Limits of local sandboxes (sandbox/limits.py) with real bubblewrap sandboxes and cgroups:
+"""Limits of local sandboxes (sandbox/local/limits.py) with real bubblewrap sandboxes and cgroups:
 memory, processes, storage, CPU quota, defaults, the task's values, and no cgroup left over."""
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ from tests.sandbox_fixtures import requires_bwrap
 from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import LimitExceeded
-from clotho.sandbox import LocalSandboxConfig, limits, open_sandbox, quota
-from clotho.sandbox.backends import EnvironmentSpec, LocalBackend
-from clotho.sandbox.bwrap import BwrapSandbox
+from clotho.sandbox import LocalSandboxConfig, open_sandbox, quota
+from clotho.sandbox.backends import EnvironmentSpec
 from clotho.sandbox.cgroups import available
 from clotho.sandbox.config import DEFAULT_LOCAL_MEMORY_MB, DEFAULT_LOCAL_STORAGE_MB
+from clotho.sandbox.local import limits
+from clotho.sandbox.local.backend import LocalBackend
+from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.sandbox.state import make_state_dir, remove_state_dir
 from clotho.tasks.environment import environment_spec
@@ -352,7 +354,8 @@ async def test_close_removes_the_cgroups(open_limited) -> None:
 _OWNER = textwrap.dedent(
     """\
     import asyncio, sys
-    from clotho.sandbox import LocalSandboxConfig, limits, open_sandbox, quota
+    from clotho.sandbox import LocalSandboxConfig, open_sandbox, quota
+    from clotho.sandbox.local import limits
 
     async def main():
         sb = await open_sandbox(LocalSandboxConfig(state_dir=sys.argv[1]), {})
@@ -443,7 +446,7 @@ def no_loop_devices(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFi
     one can): `quota.unavailable` says why, as it would there."""
     monkeypatch.setattr(quota, "unavailable", lambda: "no loop devices (test double)")
     monkeypatch.setattr(limits, "_reported", set())
-    caplog.set_level(logging.WARNING, logger="clotho.sandbox.limits")
+    caplog.set_level(logging.WARNING, logger="clotho.sandbox.local.limits")
 
 
 async def test_without_loop_devices_storage_is_watched_and_said_once(

@@ -24,7 +24,6 @@ from clotho.runs.records import EvalConfig
 from clotho.sandbox import SandboxConfig, open_sandbox
 from clotho.sandbox.backends import OpenRequest, SandboxBackend, backend_key, make_backend
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import (
     DockerSandboxConfig,
     LocalSandboxConfig,
@@ -35,6 +34,7 @@ from clotho.sandbox.config import (
     unregister,
 )
 from clotho.sandbox.leases import SandboxRecord
+from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.remote_config import RaySandboxConfig
 from clotho.swe.install_cache import CONTAINER_ROOTS, LOCAL_ROOTS, install_roots, sandbox_kind
 

@@ -27,8 +27,8 @@ from clotho.chat.client import ModelConfig
 from clotho.chat.models import build_model
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.bwrap import BwrapSandbox
 from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.tools.browser import (
     BROWSER_TOOLS,
     browser_back,

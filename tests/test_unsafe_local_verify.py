@@ -17,9 +17,10 @@ import pytest
 from tests.support import wait_until
 
 from clotho.agent.reference import OracleAgent
-from clotho.sandbox import UnsafeLocalSandboxConfig, open_sandbox, unsafe_local
+from clotho.sandbox import UnsafeLocalSandboxConfig, open_sandbox
+from clotho.sandbox.local import unsafe_local
+from clotho.sandbox.local.unsafe_local import UnsafeLocalSandbox, private_mounts_available
 from clotho.sandbox.pool import SlotPool
-from clotho.sandbox.unsafe_local import UnsafeLocalSandbox, private_mounts_available
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import HarborTrial, run_trial
 from clotho.tasks.verify import run_verifier

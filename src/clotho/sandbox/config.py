@@ -248,7 +248,7 @@ class LocalSandboxConfig(_Common):
     """bubblewrap: namespaces, host root read-only or as a throw-away overlay."""
 
     backend: Literal["local"] = "local"
-    backend_class: ClassVar[str] = "clotho.sandbox.backends:LocalBackend"
+    backend_class: ClassVar[str] = "clotho.sandbox.local.backend:LocalBackend"
     no_network_hint: ClassVar[str] = (
         _ASKS + "its sandboxes none: run with --network (as root, the local backend's "
         "network is guarded: the host's own services stay out of reach)"
@@ -257,7 +257,7 @@ class LocalSandboxConfig(_Common):
         "auto", description="overlay needs root; auto picks overlay as root, else ro"
     )
     network: bool = False
-    # Limits (sandbox/limits.py). None takes the task's value (`SlotPool.prepare`), else the
+    # Limits (sandbox/local/limits.py). None takes the task's value (`SlotPool.prepare`), else the
     # default: every local sandbox is bounded.
     memory_mb: int | None = Field(
         None,
@@ -298,7 +298,7 @@ class UnsafeLocalSandboxConfig(_Common):
     """Plain processes in a temporary directory on the host. No isolation at all."""
 
     backend: Literal["unsafe-local"] = "unsafe-local"
-    backend_class: ClassVar[str] = "clotho.sandbox.backends:UnsafeLocalBackend"
+    backend_class: ClassVar[str] = "clotho.sandbox.local.backend:UnsafeLocalBackend"
     isolated: ClassVar[bool] = False
 
     def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:

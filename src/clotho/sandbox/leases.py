@@ -108,7 +108,7 @@ def remove_local(record: SandboxRecord) -> None:
     """Kill processes still using the sandbox folder (bwrap's argv names it), end its cgroups
     (a frozen process ignores SIGKILL until its group is thawed or removed) and delete it
     with `remove_tree`, as closing the sandbox does; raises OSError if something stays."""
-    from clotho.sandbox.limits import remove_named
+    from clotho.sandbox.local.limits import remove_named
 
     assert record.path is not None
     remove_named(record.path.name)

@@ -30,9 +30,9 @@ from clotho.sandbox.backends import (
     make_backend,
 )
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.bwrap import NETWORK_ROOT_HINT
 from clotho.sandbox.leases import SandboxRecord
-from clotho.sandbox.netguard import guard_host_addresses
+from clotho.sandbox.local.bwrap import NETWORK_ROOT_HINT
+from clotho.sandbox.local.netguard import guard_host_addresses
 from clotho.sandbox.ray.channel import ChannelServer
 from clotho.sandbox.ray.payload import (
     OUT_OF_BAND_ABOVE,

@@ -49,9 +49,9 @@ from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, PathChange, SocketPlace
 from clotho.sandbox.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.config import LocalSandboxConfig, base_env
-from clotho.sandbox.fresh import digests_at, run_fresh_call
-from clotho.sandbox.limits import SandboxLimits
-from clotho.sandbox.netguard import guard_host_addresses
+from clotho.sandbox.local.fresh import digests_at, run_fresh_call
+from clotho.sandbox.local.limits import SandboxLimits
+from clotho.sandbox.local.netguard import guard_host_addresses
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.state import (

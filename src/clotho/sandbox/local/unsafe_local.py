@@ -38,7 +38,7 @@ from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecResult, FreshCall
 from clotho.sandbox.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.config import UnsafeLocalSandboxConfig, base_env
-from clotho.sandbox.fresh import digests_at, run_fresh_call
+from clotho.sandbox.local.fresh import digests_at, run_fresh_call
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.state import remove_state_dir, state_dir_until_started
