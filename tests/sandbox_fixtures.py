@@ -120,7 +120,7 @@ async def bwrap_sandbox(root_mode: str, tmp_path: Path) -> AsyncIterator[BwrapSa
 async def docker_sandbox() -> AsyncIterator[Any]:
     """A Docker sandbox (a container of its own) on the base image."""
     fail_without_docker_in_ci()
-    from clotho.sandbox.docker.backend import DockerSandbox
+    from clotho.sandbox.docker.sandbox import DockerSandbox
 
     sb = await open_sandbox(DockerSandboxConfig(), labels={"clotho.test": "docker"})
     assert isinstance(sb, DockerSandbox)

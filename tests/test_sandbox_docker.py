@@ -29,7 +29,7 @@ from clotho.sandbox import open_sandbox, proctree
 from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker import archive
-from clotho.sandbox.docker.backend import DockerSandbox
+from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.leases import LEASE_EXPIRES, OWNER
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures

@@ -21,7 +21,7 @@ from tests.support import PATIENCE_S, wait_until
 from clotho.errors import SandboxError
 from clotho.sandbox import open_sandbox
 from clotho.sandbox.config import DockerSandboxConfig
-from clotho.sandbox.docker.backend import DockerSandbox
+from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.docker.slot_sandbox import IsolatedSlotSandbox, SlotSandbox
 from clotho.sandbox.docker.slots import SlotHost
 

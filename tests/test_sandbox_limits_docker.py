@@ -20,7 +20,7 @@ from tests.support import PATIENCE_S
 from clotho.errors import LimitExceeded
 from clotho.sandbox import open_sandbox, quota
 from clotho.sandbox.config import DockerSandboxConfig
-from clotho.sandbox.docker.backend import DockerSandbox
+from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.docker.slots import SlotHost
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures

@@ -14,7 +14,7 @@ from tests.docker_probe import DOCKER_PROBLEM, requires_docker
 
 from clotho.agent.reference import NopAgent, OracleAgent
 from clotho.sandbox import DockerSandboxConfig
-from clotho.sandbox.docker import backend as docker_backend
+from clotho.sandbox.docker import sandbox as docker_sandbox
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.swe.examples import TOY_INSTANCES, TOY_SOURCES, build_toys
 from clotho.swe.instance import SweInstance, SweOptions
@@ -132,7 +132,7 @@ async def test_workspace_upload_passes_the_fifo_folder_and_leaves_nothing(
             async def no_archive_request(*_: object) -> None:
                 raise AssertionError("the upload used the archive API")
 
-            monkeypatch.setattr(docker_backend, "put_archive", no_archive_request)
+            monkeypatch.setattr(docker_sandbox, "put_archive", no_archive_request)
             await box.upload(tree, "/testbed")
             ran = await box.exec("./pkg/run.sh && cat README && stat -c %a pkg/run.sh")
             assert ran.stdout.split() == ["ran", "hello", "755"]

@@ -228,7 +228,7 @@ async def _open_many(config: SandboxConfig, count: int) -> list[Sandbox]:
 async def _slot_figures(slots: int, quick: bool) -> SlotFigures:
     """32 slots (quick: two containers' worth) from one `SlotHost`: which started in a running
     container, which needed one."""
-    from clotho.sandbox.docker.backend import docker_client
+    from clotho.sandbox.docker.containers import docker_client
     from clotho.sandbox.docker.slots import SlotHost
 
     config = DockerSandboxConfig(slots_per_container=slots)

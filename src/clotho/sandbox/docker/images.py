@@ -1,4 +1,5 @@
-"""Images: build a Dockerfile context once, tagged by a hash of its content, and reuse it.
+"""Images: build a Dockerfile context once, tagged by a hash of its content, and reuse it;
+what an image is like (`ImageFacts`, by image ID).
 
 A build that fails (a failing step, a Dockerfile the daemon refuses, the build timeout) is
 the task's fault: `TaskError`, which `--resume` does not retry. A daemon that cannot be
@@ -16,6 +17,7 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +222,35 @@ async def ensure_context_image(
         return await build_image(
             docker, context, tag, dockerfile=dockerfile, timeout_s=timeout_s, nocache=force
         )
+
+
+@dataclass
+class ImageFacts:
+    """What one image (by ID) is like; `None`: not probed yet."""
+
+    entrypoint: bool = False  # it wraps its command: the shell cannot be the first process
+    bash: bool | None = None
+    bwrap: bool | None = None  # isolated slots start there (slots.py)
+    problem: str = ""  # why they do not
+
+
+class ImageFactsCache:
+    """Image facts keyed by image ID: a tag rebuilt into another image is asked afresh. Each
+    lookup costs one `images.inspect` (a few ms, beside a container's 200 ms)."""
+
+    def __init__(self, docker: Any) -> None:
+        self.docker = docker
+        self._by_id: dict[str, ImageFacts] = {}
+
+    async def get(self, image: str) -> ImageFacts:
+        from aiodocker.exceptions import DockerError
+
+        try:
+            info = await self.docker.images.inspect(image)
+        except DockerError:
+            return ImageFacts()  # creating the container reports a missing image clearly
+        facts = self._by_id.get(info["Id"])
+        if facts is None:
+            entrypoint = bool((info.get("Config") or {}).get("Entrypoint"))
+            facts = self._by_id[info["Id"]] = ImageFacts(entrypoint=entrypoint)
+        return facts

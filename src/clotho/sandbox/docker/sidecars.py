@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from clotho.errors import SandboxError, TaskError
 from clotho.sandbox.backends import EnvironmentSpec
@@ -37,18 +38,12 @@ from clotho.sandbox.config import (
     DEFAULT_DOCKER_STORAGE_MB,
     DockerSandboxConfig,
 )
-from clotho.sandbox.docker.backend import (
-    LABEL,
-    DockerSandbox,
-    ImageFactsCache,
-    delete_container,
-)
+from clotho.sandbox.docker.containers import LABEL, delete_container
+from clotho.sandbox.docker.images import ImageFactsCache
 from clotho.sandbox.docker.quota import confine
+from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.leases import SIDECAR, lease_labels
 from clotho.sandbox.sidecar_spec import SidecarSpec
-
-if TYPE_CHECKING:
-    from clotho.sandbox.docker.backend import DockerBackend
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +52,20 @@ _NS = 1_000_000_000
 _POLL_S = 0.2
 
 
-def sidecar_hosts(config: DockerSandboxConfig) -> list[str]:
-    """The sandbox's hosts entries: each service name is its own loopback."""
-    return [f"{side.name}:127.0.0.1" for side in config.sidecars]
+# The backend's image lookup: (spec, default image, force_build) -> (image, in image).
+ImageFor = Callable[[EnvironmentSpec, str, bool], Awaitable[tuple[str, bool]]]
 
 
 async def prepare_sidecars(
-    backend: DockerBackend,
+    image_for: ImageFor,
     base: DockerSandboxConfig,
     spec: EnvironmentSpec,
     force_build: bool,
 ) -> list[SidecarSpec]:
     """Each sidecar with its image ready: built from its context once per content (as the
-    task's own image is), or a named image present here; either failing is the task's
-    error. Sidecars need a container per sandbox: shared containers refuse them."""
+    task's own image is, by `image_for`: `DockerBackend._image_for`), or a named image
+    present here; either failing is the task's error. Sidecars need a container per
+    sandbox: shared containers refuse them."""
     if base.slots_per_container > 1:
         raise TaskError(
             f"{spec.name}: the task runs services beside its sandbox, which needs a container "
@@ -95,7 +90,7 @@ async def prepare_sidecars(
             if side.image
             else None,
         )
-        image, _ = await backend._image_for(own, base.image, force_build)
+        image, _ = await image_for(own, base.image, force_build)
         ready.append(side.model_copy(update={"image": image, "context": None}))
     return ready
 

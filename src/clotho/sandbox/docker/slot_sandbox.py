@@ -36,9 +36,9 @@ from clotho.sandbox.docker.archive import (
     put_archive,
     read_file_from_archive,
 )
-from clotho.sandbox.docker.backend import DockerSandbox
 from clotho.sandbox.docker.fresh import STOP_UID, fresh_exec, run_exec
 from clotho.sandbox.docker.limits import LimitWatch, SlotCgroup
+from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.docker.slot_layout import (
     COUNT_UID_SCRIPT,
     REAP_SCRIPT,

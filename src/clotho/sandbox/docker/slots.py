@@ -51,19 +51,18 @@ from clotho.sandbox.config import (
     DockerSandboxConfig,
     base_env,
 )
-from clotho.sandbox.docker.backend import (
-    ImageFacts,
-    ImageFactsCache,
+from clotho.sandbox.docker.channel import DockerExecChannel
+from clotho.sandbox.docker.containers import (
     client_url,
     container_body,
     delete_container,
+    start_container,
 )
-from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, make_fifos
 from clotho.sandbox.docker.fresh import run_exec
+from clotho.sandbox.docker.images import ImageFacts, ImageFactsCache
 from clotho.sandbox.docker.limits import LimitWatch, SlotCgroup, container_pids, slot_pids
-from clotho.sandbox.docker.quota import confine
 from clotho.sandbox.docker.slot_layout import (
     REAP_SCRIPT,
     SLOT_ROOT,
@@ -396,8 +395,6 @@ class SlotHost:
         raise _no_bwrap(config, facts.problem)
 
     async def _create(self, box: _SharedContainer, *, isolation: str) -> None:
-        from aiodocker.exceptions import DockerError
-
         config = box.config
         exit_cleanup.register("docker", docker_url=client_url(self.docker))
         labels = {
@@ -418,17 +415,11 @@ class SlotHost:
             )
             body["HostConfig"]["Binds"] = [f"{box.io_dir}:{FIFO_MOUNT}:ro"]  # FIFOs only
         try:
-            box.container = await self.docker.containers.create(
-                body, name=f"clotho-{secrets.token_hex(6)}"
-            )
             # The writable layer, every slot's folder in it, a file system of the limit's
             # size (quota.py); the slots share it, and a full one is the limit.
-            await confine(box.container, config.storage_mb or DEFAULT_DOCKER_STORAGE_MB)
-            await box.container.start()
-        except BaseException as exc:
-            await self._delete(box)
-            if isinstance(exc, DockerError):
-                raise SandboxError(f"cannot start a container from {config.image}: {exc}") from exc
+            box.container = await start_container(self.docker, body, config)
+        except BaseException:
+            await self._delete(box)  # the FIFO folder (start_container removed the container)
             raise
         box.isolation = isolation
         box.created = time.monotonic()
