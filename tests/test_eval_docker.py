@@ -22,7 +22,7 @@ from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F
 from tests.support import wait_until_sync
 
 from clotho.sandbox.docker.images import context_hash
-from clotho.sandbox.leases import OWNER
+from clotho.sandbox.host.leases import OWNER
 
 pytestmark = requires_docker
 

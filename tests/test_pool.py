@@ -24,10 +24,9 @@ from tests.support import PATIENCE_S, wait_until
 from clotho.errors import SandboxError
 from clotho.sandbox import LocalSandboxConfig, Sandbox, open_sandbox
 from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
-from clotho.sandbox.leases import LEASE_EXPIRES, OWNER
+from clotho.sandbox.host.leases import LEASE_EXPIRES, LEASE_FILE, OWNER, STATE_PREFIX
 from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.pool import PoolConfig, SlotPool
-from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
 
 
 @pytest.fixture

@@ -20,10 +20,10 @@ from tests.docker_probe import fail_without_docker_in_ci, requires_docker
 from tests.support import wait_until
 
 from clotho.errors import LimitExceeded
-from clotho.sandbox import quota
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker import quota as docker_quota
 from clotho.sandbox.docker.limits import LimitWatch
+from clotho.sandbox.host import quota
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The kernel-enforced storage quota (sandbox/quota.py) on its own: a folder becomes a
+"""The kernel-enforced storage quota (sandbox/host/quota.py) on its own: a folder becomes a
 loop-mounted ext4 of a byte and inode limit, with what it held carried over, and goes away
 with the folder. Real loop devices and mounts (root); the sandboxes that use it are tested
 in test_sandbox_limits_local.py and test_quota_docker.py."""
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from tests.support import wait_until, wait_until_sync
 
-from clotho.sandbox import quota
-from clotho.sandbox.state import make_state_dir, remove_state_dir
+from clotho.sandbox.host import quota
+from clotho.sandbox.host.state import make_state_dir, remove_state_dir
 
 pytestmark = pytest.mark.skipif(
     quota.unavailable() is not None, reason=f"no loop-mounted file system: {quota.unavailable()}"

@@ -30,12 +30,12 @@ from clotho.runs.eval import run_eval  # noqa: E402
 from clotho.runs.records import EvalConfig, TrialRecord  # noqa: E402
 from clotho.sandbox import PoolConfig, SlotPool  # noqa: E402
 from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig  # noqa: E402
+from clotho.sandbox.host.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT  # noqa: E402
 from clotho.sandbox.local.netguard import address_rule  # noqa: E402
 from clotho.sandbox.ray import HostLost, RayBackend, RaySandbox  # noqa: E402
 from clotho.sandbox.ray.channel import MAGIC  # noqa: E402
 from clotho.sandbox.ray.local_cluster import LocalRayCluster  # noqa: E402
 from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
-from clotho.sandbox.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT  # noqa: E402
 
 pytestmark = requires_bwrap
 

@@ -42,9 +42,9 @@ from clotho.sandbox.backends import backend_key, make_backend
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.docker import images
 from clotho.sandbox.docker.images import context_hash
-from clotho.sandbox.leases import OWNER
+from clotho.sandbox.host.leases import LEASE_FILE, OWNER, STATE_PREFIX
+from clotho.sandbox.host.state import make_state_dir
 from clotho.sandbox.local.backend import LocalBackend
-from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX, make_state_dir
 from clotho.sandbox.transfer import BIG_FILE
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures

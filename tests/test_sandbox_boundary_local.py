@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
+from clotho.sandbox.host.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.local.netguard import guard_host_addresses, remove_guard
-from clotho.sandbox.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 
 pytestmark = [
     pytest.mark.bwrap,

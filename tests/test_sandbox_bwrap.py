@@ -13,10 +13,11 @@ from tests.sandbox_fixtures import alive, cmdline, pids_with_argv0, requires_bwr
 from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import SandboxError
-from clotho.sandbox import LocalSandboxConfig, open_sandbox, proctree
+from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.base import ExecResult
+from clotho.sandbox.host import proctree
+from clotho.sandbox.host.leases import LEASE_FILE, STATE_PREFIX
 from clotho.sandbox.local.bwrap import XFER_MOUNT, BwrapSandbox
-from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
 from clotho.sandbox.transfer import read_host_file
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures

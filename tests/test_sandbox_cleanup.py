@@ -27,8 +27,9 @@ from tests.support import PATIENCE_S
 
 from clotho.sandbox import open_sandbox
 from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox.host.leases import STATE_PREFIX
+from clotho.sandbox.host.trees import remove_tree
 from clotho.sandbox.local.bwrap import BwrapSandbox
-from clotho.sandbox.state import STATE_PREFIX, remove_tree
 
 DEPTH = 5000
 AGENT_WORK = 300.0  # a deep tree on a loaded disk: thousands of journalled mkdirs
@@ -163,7 +164,7 @@ def test_remove_tree_reopens_folders_closed_by_their_owner_without_root() -> Non
         os.chown(folder, nobody, nobody)
         script = (
             "import os, pathlib, sys\n"
-            "from clotho.sandbox.state import remove_tree\n"
+            "from clotho.sandbox.host.trees import remove_tree\n"
             "root = pathlib.Path(sys.argv[1])\n"
             "os.chdir(root)\n"
             "for _ in range(300):\n"

@@ -25,12 +25,13 @@ from tests.sandbox_fixtures import run_past_timeout
 from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import LimitExceeded, SandboxError
-from clotho.sandbox import open_sandbox, proctree
+from clotho.sandbox import open_sandbox
 from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker import archive
 from clotho.sandbox.docker.sandbox import DockerSandbox
-from clotho.sandbox.leases import LEASE_EXPIRES, OWNER
+from clotho.sandbox.host import proctree
+from clotho.sandbox.host.leases import LEASE_EXPIRES, OWNER
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
 

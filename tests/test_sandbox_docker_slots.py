@@ -22,12 +22,13 @@ from tests.sandbox_fixtures import run_past_timeout
 from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import ConfigError, ErrorInfo, SandboxError
-from clotho.sandbox import open_sandbox, proctree
+from clotho.sandbox import open_sandbox
 from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker.slot_sandbox import IsolatedSlotSandbox, SlotSandbox
 from clotho.sandbox.docker.slots import SlotHost
-from clotho.sandbox.leases import SLOT_ISOLATION, SLOTS, docker_records
+from clotho.sandbox.host import proctree
+from clotho.sandbox.host.leases import SLOT_ISOLATION, SLOTS, docker_records
 from clotho.sandbox.pool import PoolConfig, SlotPool
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures

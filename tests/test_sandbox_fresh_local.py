@@ -22,7 +22,7 @@ from tests.support import wait_until
 from clotho.errors import SandboxError
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.base import ExecResult, Sandbox
-from clotho.sandbox.cgroups import CGROUP_ROOT, PARENT
+from clotho.sandbox.host.cgroups import CGROUP_ROOT, PARENT
 from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.pool import PoolConfig, SlotPool
 

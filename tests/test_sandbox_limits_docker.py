@@ -18,10 +18,11 @@ from tests.docker_probe import fail_without_docker_in_ci, requires_docker
 from tests.support import PATIENCE_S
 
 from clotho.errors import LimitExceeded
-from clotho.sandbox import open_sandbox, quota
+from clotho.sandbox import open_sandbox
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.docker.slots import SlotHost
+from clotho.sandbox.host import quota
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
 

@@ -33,7 +33,7 @@ from clotho.sandbox.config import (
     sandbox_kinds,
     unregister,
 )
-from clotho.sandbox.leases import SandboxRecord
+from clotho.sandbox.host.leases import SandboxRecord
 from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.remote_config import RaySandboxConfig
 from clotho.swe.install_cache import CONTAINER_ROOTS, LOCAL_ROOTS, install_roots, sandbox_kind

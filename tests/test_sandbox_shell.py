@@ -13,9 +13,9 @@ from tests.sandbox_fixtures import alive, pids_with_argv0, run_past_timeout, wai
 from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import SandboxError
-from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import base_env
+from clotho.sandbox.host import proctree
 from clotho.sandbox.shell import PersistentShell
 
 BASH = ["bash", "--noprofile", "--norc"]

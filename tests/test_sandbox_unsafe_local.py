@@ -10,8 +10,8 @@ from tests.sandbox_fixtures import alive, wait_dead
 
 from clotho.errors import SandboxError
 from clotho.sandbox import UnsafeLocalSandboxConfig, open_sandbox
+from clotho.sandbox.host.leases import LEASE_FILE, STATE_PREFIX
 from clotho.sandbox.local.unsafe_local import UnsafeLocalSandbox
-from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
 

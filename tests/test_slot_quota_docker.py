@@ -17,10 +17,10 @@ import pytest
 from tests.docker_probe import requires_docker
 
 from clotho.errors import ErrorInfo, LimitExceeded
-from clotho.sandbox import quota
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker import quota as docker_quota
 from clotho.sandbox.docker.slots import SlotHost
+from clotho.sandbox.host import quota
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # slot_host
 

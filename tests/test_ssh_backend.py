@@ -45,7 +45,7 @@ from clotho.errors import ConfigError
 from clotho.sandbox import open_sandbox
 from clotho.sandbox.backends import make_backend
 from clotho.sandbox.config import sandbox_kinds
-from clotho.sandbox.leases import OWNER
+from clotho.sandbox.host.leases import OWNER
 
 SSHD = "/usr/sbin/sshd"
 IN_CI = os.environ.get("CI") == "true"

@@ -21,9 +21,9 @@ from clotho.errors import SandboxError
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from clotho.sandbox.factory import open_sandbox
+from clotho.sandbox.host.proctree import descendants
 from clotho.sandbox.local.bwrap import ro_root_args
 from clotho.sandbox.pool import PoolConfig, SlotPool
-from clotho.sandbox.proctree import descendants
 
 TARGETS = {
     "warm_exec_p50_ms": ("<=", 0.5),

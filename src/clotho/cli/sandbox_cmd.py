@@ -13,7 +13,7 @@ from rich.table import Table
 
 from clotho.sandbox.backends import SandboxBackend, make_backend
 from clotho.sandbox.config import LocalSandboxConfig, config_type, sandbox_kinds
-from clotho.sandbox.leases import SLOT_ISOLATION, SLOTS, SandboxRecord, owner_alive
+from clotho.sandbox.host.leases import SLOT_ISOLATION, SLOTS, SandboxRecord, owner_alive
 
 app = typer.Typer(help="List and clean up sandboxes.", no_args_is_help=True)
 console = Console()

@@ -33,7 +33,7 @@ from clotho.sandbox.config import (
     SandboxConfigBase,
     config_type,
 )
-from clotho.sandbox.leases import SandboxRecord
+from clotho.sandbox.host.leases import SandboxRecord
 from clotho.sandbox.sidecar_spec import SidecarSpec
 
 DEFAULT_LEASE_S = 6 * 3600.0

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from typing import Unpack
 
 from clotho.errors import SandboxError
-from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecOptions, ExecResult
+from clotho.sandbox.host import proctree
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DRAIN_TIMEOUT_S = 10.0

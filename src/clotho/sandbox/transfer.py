@@ -22,7 +22,7 @@ import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
-from clotho.sandbox.state import remove_tree
+from clotho.sandbox.host.trees import remove_tree
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from clotho.sandbox.docker.images import (
 from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.docker.sidecars import SidecarSandbox, prepare_sidecars
 from clotho.sandbox.docker.slots import SlotHost
-from clotho.sandbox.leases import (
+from clotho.sandbox.host.leases import (
     SandboxRecord,
     docker_records,
     local_records,

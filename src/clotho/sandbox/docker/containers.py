@@ -21,7 +21,7 @@ from clotho.sandbox.config import (
     DockerSandboxConfig,
 )
 from clotho.sandbox.docker.quota import confine
-from clotho.sandbox.leases import lease_labels
+from clotho.sandbox.host.leases import lease_labels
 
 log = logging.getLogger(__name__)
 

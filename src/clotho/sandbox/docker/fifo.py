@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from clotho.errors import SandboxError
-from clotho.sandbox import proctree
+from clotho.sandbox.host import proctree
 from clotho.sandbox.shell import ShellChannel
 
 MOUNT = "/.clotho-io"

@@ -21,9 +21,9 @@ import time
 from typing import Any
 
 from clotho.errors import SandboxError
-from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecResult
 from clotho.sandbox.docker.attach import attach_exec
+from clotho.sandbox.host import proctree
 
 _STDIN_CHUNK = 1 << 20
 # After the process exited: how long its output may still trickle in (a child it left

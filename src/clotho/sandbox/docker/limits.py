@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from clotho.errors import LimitExceeded, SandboxError
-from clotho.sandbox import quota
+from clotho.sandbox.host import quota
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Docker's own (`--storage-opt size=`) needs overlay2 on XFS with project quotas, which this
 kernel lacks (no CONFIG_XFS_QUOTA; ext4 has no quota format either), so the writable layer
-gets what a local sandbox's state folder gets (`clotho.sandbox.quota`): between `docker
+gets what a local sandbox's state folder gets (`clotho.sandbox.host.quota`): between `docker
 create` and `start`, the layer's folder (`GraphDriver.Data.UpperDir`'s parent, holding
 `diff` and `work`, which overlayfs needs on one file system) becomes a loop-mounted ext4 of
 the limit's size and inode count, with what `create` put there carried over. A write past it
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from clotho.errors import SandboxError
-from clotho.sandbox import quota
+from clotho.sandbox.host import quota
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Literal, Unpack
 
 from clotho.errors import SandboxError, TamperError, TaskError
-from clotho.sandbox import exit_cleanup
 from clotho.sandbox.backends import DEFAULT_LEASE_S
 from clotho.sandbox.base import (
     ExecOptions,
@@ -76,10 +75,11 @@ from clotho.sandbox.docker.twin import (
     remove_snapshot,
     snapshot,
 )
-from clotho.sandbox.leases import DOCKER_IO
+from clotho.sandbox.host import exit_cleanup
+from clotho.sandbox.host.leases import DOCKER_IO
+from clotho.sandbox.host.state import make_state_dir, remove_state_dir
 from clotho.sandbox.shell import PersistentShell, ShellChannel
 from clotho.sandbox.shell_backed import ShellBackedSandbox
-from clotho.sandbox.state import make_state_dir, remove_state_dir
 from clotho.sandbox.transfer import XferDir
 
 _CHANGE_KINDS: dict[int, Literal["added", "changed", "removed"]] = {

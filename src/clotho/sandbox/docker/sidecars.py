@@ -42,7 +42,7 @@ from clotho.sandbox.docker.containers import LABEL, delete_container
 from clotho.sandbox.docker.images import ImageFactsCache
 from clotho.sandbox.docker.quota import confine
 from clotho.sandbox.docker.sandbox import DockerSandbox
-from clotho.sandbox.leases import SIDECAR, lease_labels
+from clotho.sandbox.host.leases import SIDECAR, lease_labels
 from clotho.sandbox.sidecar_spec import SidecarSpec
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from clotho.errors import ConfigError, SandboxError
-from clotho.sandbox import exit_cleanup, proctree
 from clotho.sandbox.config import (
     DEFAULT_DOCKER_MEMORY_MB,
     DEFAULT_DOCKER_STORAGE_MB,
@@ -71,9 +70,10 @@ from clotho.sandbox.docker.slot_layout import (
     probe_script,
 )
 from clotho.sandbox.docker.slot_sandbox import IsolatedSlotSandbox, SlotSandbox
-from clotho.sandbox.leases import DOCKER_IO, SLOT_ISOLATION, SLOTS
+from clotho.sandbox.host import exit_cleanup, proctree
+from clotho.sandbox.host.leases import DOCKER_IO, SLOT_ISOLATION, SLOTS
+from clotho.sandbox.host.state import make_state_dir, remove_state_dir
 from clotho.sandbox.shell import PersistentShell, ShellChannel
-from clotho.sandbox.state import make_state_dir, remove_state_dir
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from clotho.sandbox.backends import (
 )
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig, UnsafeLocalSandboxConfig
-from clotho.sandbox.leases import SandboxRecord, local_records, remove_local
+from clotho.sandbox.host.leases import SandboxRecord, local_records, remove_local
 from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.local.unsafe_local import UnsafeLocalSandbox
 

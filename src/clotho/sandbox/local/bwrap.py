@@ -45,22 +45,22 @@ from pathlib import Path
 from typing import Unpack
 
 from clotho.errors import ConfigError, SandboxError
-from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, PathChange, SocketPlace
-from clotho.sandbox.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.config import LocalSandboxConfig, base_env
-from clotho.sandbox.local.fresh import digests_at, run_fresh_call
-from clotho.sandbox.local.limits import SandboxLimits
-from clotho.sandbox.local.netguard import guard_host_addresses
-from clotho.sandbox.shell import PersistentShell
-from clotho.sandbox.shell_backed import ShellBackedSandbox
-from clotho.sandbox.state import (
+from clotho.sandbox.host import proctree
+from clotho.sandbox.host.cgroups import AGENT, SandboxCgroups
+from clotho.sandbox.host.state import (
     SANDBOX_UID_BASE,
     SANDBOX_UID_COUNT,
     remove_state_dir,
     state_dir_until_started,
     state_uid,
 )
+from clotho.sandbox.local.fresh import digests_at, run_fresh_call
+from clotho.sandbox.local.limits import SandboxLimits
+from clotho.sandbox.local.netguard import guard_host_addresses
+from clotho.sandbox.shell import PersistentShell
+from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.transfer import (
     IS_DIR_EXIT,
     NOT_FOUND_EXIT,

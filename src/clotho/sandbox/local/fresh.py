@@ -14,9 +14,9 @@ import stat
 import time
 from collections.abc import Callable, Sequence
 
-from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecResult, FreshCall
-from clotho.sandbox.cgroups import SandboxCgroups
+from clotho.sandbox.host import proctree
+from clotho.sandbox.host.cgroups import SandboxCgroups
 
 _READ = 1 << 16
 _MAX_LINKS = 40

@@ -37,14 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clotho.errors import LimitExceeded, SandboxError
-from clotho.sandbox import cgroups, quota
 from clotho.sandbox.base import ExecResult
 from clotho.sandbox.config import (
     DEFAULT_LOCAL_MEMORY_MB,
     DEFAULT_LOCAL_STORAGE_MB,
     LocalSandboxConfig,
 )
-from clotho.sandbox.state import STATE_PREFIX
+from clotho.sandbox.host import cgroups, quota
+from clotho.sandbox.host.cgroups import kill_named, procs, remove_named
+from clotho.sandbox.host.leases import STATE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -99,50 +100,6 @@ def _read_counter(fd: int, key: str) -> int:
     return 0
 
 
-def _procs(group: Path) -> list[int]:
-    with contextlib.suppress(OSError, ValueError):
-        return [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
-    return []
-
-
-def kill_named(name: str, timeout: float = 5.0) -> bool:
-    """SIGKILL every process in the pids cgroup of the sandbox whose state folder is `name`
-    (and its subgroups) until none is left; False if some still are after `timeout`.
-
-    `pids.max` 0 first, so a fork bomb cannot refill what is being emptied (without freezing:
-    this works whether or not the sandbox has a freezer cgroup)."""
-    base = cgroups.SandboxCgroups(name, ("pids",)).path("pids")
-    if not base.is_dir():
-        return True
-    with contextlib.suppress(OSError):
-        (base / "pids.max").write_text("0")
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            groups = [base, *(p for p in base.iterdir() if p.is_dir())]
-        except FileNotFoundError:
-            return True
-        pids = [pid for group in groups for pid in _procs(group)]
-        if not pids:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        _thaw(name)  # a frozen process (after `stop_agent`) dies only once thawed
-        time.sleep(0.002)
-
-
-def _thaw(name: str) -> None:
-    base = cgroups.SandboxCgroups(name).path("freezer")
-    with contextlib.suppress(OSError):
-        for group in [base, *(p for p in base.iterdir() if p.is_dir())]:
-            state = group / "freezer.state"
-            if state.exists() and state.read_text().strip() != "THAWED":
-                state.write_text("THAWED")
-
-
 def sweep_empty(min_age_s: float = 60.0) -> list[str]:
     """Remove clotho's sandbox cgroups that hold no process and are older than `min_age_s`
     (a live sandbox always has its shell in them, from a few ms after they are made): what
@@ -159,17 +116,10 @@ def sweep_empty(min_age_s: float = 60.0) -> list[str]:
                 if now - group.stat().st_mtime < min_age_s or group.name in swept:
                     continue
                 subs = [group, *(p for p in group.iterdir() if p.is_dir())]
-                if not any(_procs(sub) for sub in subs):
+                if not any(procs(sub) for sub in subs):
                     cgroups.destroy_named(group.name)
                     swept.append(group.name)
     return swept
-
-
-def remove_named(name: str) -> None:
-    """Kill what is left of the sandbox whose state folder is `name` and remove its cgroups
-    (the reaper's part for a folder whose owner died; blocking)."""
-    kill_named(name)
-    cgroups.destroy_named(name)
 
 
 # -- storage ------------------------------------------------------------------------------

@@ -34,14 +34,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clotho.errors import SandboxError
-from clotho.sandbox import proctree
 from clotho.sandbox.base import ExecResult, FreshCall
-from clotho.sandbox.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.config import UnsafeLocalSandboxConfig, base_env
+from clotho.sandbox.host import proctree
+from clotho.sandbox.host.cgroups import AGENT, SandboxCgroups
+from clotho.sandbox.host.state import remove_state_dir, state_dir_until_started
 from clotho.sandbox.local.fresh import digests_at, run_fresh_call
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.shell_backed import ShellBackedSandbox
-from clotho.sandbox.state import remove_state_dir, state_dir_until_started
 from clotho.sandbox.transfer import copy_host_file, read_host_file, too_big, write_host_file
 
 DEFAULT_DOWNLOAD_LIMIT = 1 << 30

@@ -35,7 +35,7 @@ from clotho.sandbox.backends import (
 )
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
-from clotho.sandbox.leases import SandboxRecord
+from clotho.sandbox.host.leases import SandboxRecord
 from clotho.sandbox.ray.channel import METHODS, ChannelClient, ChannelLost
 from clotho.sandbox.ray.host import RAY_HOSTNAME, RAY_NODE, SandboxHost
 from clotho.sandbox.ray.payload import out_of_band, pack

@@ -30,7 +30,8 @@ from clotho.sandbox.backends import (
     make_backend,
 )
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.leases import SandboxRecord
+from clotho.sandbox.host.leases import SandboxRecord
+from clotho.sandbox.host.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 from clotho.sandbox.local.bwrap import NETWORK_ROOT_HINT
 from clotho.sandbox.local.netguard import guard_host_addresses
 from clotho.sandbox.ray.channel import ChannelServer
@@ -43,7 +44,6 @@ from clotho.sandbox.ray.payload import (
     remove_tree,
     unpack,
 )
-from clotho.sandbox.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT
 
 Reply = tuple[str, Any]
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from clotho.sandbox.backends import (
 )
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import SandboxConfig
-from clotho.sandbox.leases import SandboxRecord, lease_labels
+from clotho.sandbox.host.leases import SandboxRecord, lease_labels
 from clotho.sandbox.remote.slot_sandbox import RemoteSlotSandbox
 from clotho.sandbox.remote.slots import SlotHosts
 from clotho.sandbox.remote_config import ModalSandboxConfig

@@ -28,7 +28,7 @@ import httpx
 from clotho.errors import SandboxError
 from clotho.sandbox.backends import OpenRequest, SandboxBackend
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.leases import SandboxRecord
+from clotho.sandbox.host.leases import SandboxRecord
 from clotho.sandbox.remote.slot_sandbox import RemoteSlotSandbox
 from clotho.sandbox.remote.slots import SlotHosts
 from clotho.sandbox.remote_config import NomadSandboxConfig

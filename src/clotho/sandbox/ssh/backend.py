@@ -40,7 +40,7 @@ from clotho.errors import ConfigError, SandboxError
 from clotho.sandbox.backends import OpenRequest, SandboxBackend
 from clotho.sandbox.base import ExecResult, FreshCall, Sandbox
 from clotho.sandbox.config import base_env
-from clotho.sandbox.leases import SandboxRecord, lease_labels
+from clotho.sandbox.host.leases import SandboxRecord, lease_labels
 from clotho.sandbox.shell import PersistentShell, ShellChannel, _Command
 from clotho.sandbox.shell_backed import ShellBackedSandbox
 from clotho.sandbox.ssh import remote

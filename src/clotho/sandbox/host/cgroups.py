@@ -173,3 +173,54 @@ def destroy_named(name: str) -> None:
     ] if CGROUP_ROOT.is_dir() else []  # fmt: skip
     if controllers:
         SandboxCgroups(name, controllers).destroy()
+
+
+def _thaw(name: str) -> None:
+    base = SandboxCgroups(name).path("freezer")
+    with contextlib.suppress(OSError):
+        for group in [base, *(p for p in base.iterdir() if p.is_dir())]:
+            state = group / "freezer.state"
+            if state.exists() and state.read_text().strip() != "THAWED":
+                state.write_text("THAWED")
+
+
+def procs(group: Path) -> list[int]:
+    with contextlib.suppress(OSError, ValueError):
+        return [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+    return []
+
+
+def kill_named(name: str, timeout: float = 5.0) -> bool:
+    """SIGKILL every process in the pids cgroup of the sandbox whose state folder is `name`
+    (and its subgroups) until none is left; False if some still are after `timeout`.
+
+    `pids.max` 0 first, so a fork bomb cannot refill what is being emptied (without freezing:
+    this works whether or not the sandbox has a freezer cgroup)."""
+    base = SandboxCgroups(name, ("pids",)).path("pids")
+    if not base.is_dir():
+        return True
+    with contextlib.suppress(OSError):
+        (base / "pids.max").write_text("0")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            groups = [base, *(p for p in base.iterdir() if p.is_dir())]
+        except FileNotFoundError:
+            return True
+        pids = [pid for group in groups for pid in procs(group)]
+        if not pids:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _thaw(name)  # a frozen process (after `stop_agent`) dies only once thawed
+        time.sleep(0.002)
+
+
+def remove_named(name: str) -> None:
+    """Kill what is left of the sandbox whose state folder is `name` and remove its cgroups
+    (the reaper's part for a folder whose owner died; blocking)."""
+    kill_named(name)
+    destroy_named(name)

@@ -19,7 +19,7 @@ import os
 import socket
 import urllib.parse
 
-from clotho.sandbox.leases import OWNER, local_records, owner_label, remove_local
+from clotho.sandbox.host.leases import OWNER, local_records, owner_label, remove_local
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clotho.sandbox import proctree
-from clotho.sandbox.state import LEASE_FILE, STATE_PREFIX, remove_tree
+from clotho.sandbox.host import proctree
+from clotho.sandbox.host.cgroups import remove_named
+from clotho.sandbox.host.trees import remove_tree
+
+# A sandbox's state folder (`state.py`) is named with this prefix and holds its lease.
+STATE_PREFIX = "clotho-sbx-"
+LEASE_FILE = "lease.json"
 
 OWNER = "clotho.owner"
 LEASE_EXPIRES = "clotho.lease-expires"
@@ -108,8 +113,6 @@ def remove_local(record: SandboxRecord) -> None:
     """Kill processes still using the sandbox folder (bwrap's argv names it), end its cgroups
     (a frozen process ignores SIGKILL until its group is thawed or removed) and delete it
     with `remove_tree`, as closing the sandbox does; raises OSError if something stays."""
-    from clotho.sandbox.local.limits import remove_named
-
     assert record.path is not None
     remove_named(record.path.name)
     needle = str(record.path).encode()
