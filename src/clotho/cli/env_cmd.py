@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from clotho.cli.env_options import (
-    BaseUrlOpt,
-    ConfigOpt,
-    EnvArg,
-    GroupOpt,
-    ModelOpt,
-    RayOpt,
-    SetOpt,
-    TokenizerOpt,
-    WandbOpt,
-    WorkersOpt,
-    build_environment,
-    console,
-    run_env_command,
-)
+from clotho.cli import options as opt
+from clotho.cli.env_options import EnvArg, build_environment, console, run_env_command
 from clotho.cli.running import user_errors
 from clotho.cli.sft_options import (
     SftAllOpt,
@@ -41,7 +27,6 @@ from clotho.cli.sft_options import (
 )
 from clotho.env.driver import produce_groups
 from clotho.env.scored import ScoredGroup
-from clotho.sandbox.config import sandbox_kinds
 
 if TYPE_CHECKING:
     from clotho.env.base import Environment
@@ -58,38 +43,47 @@ def process_command(
         typer.Option(help="JSONL file of scored groups (default: runs/process-<env>-<time>.jsonl)"),
     ] = None,
     n_groups: Annotated[int, typer.Option(min=1, help="how many groups to produce")] = 8,
-    concurrency: WorkersOpt = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    model: ModelOpt = None,
-    base_url: BaseUrlOpt = None,
-    group_size: GroupOpt = None,
-    tokenizer: TokenizerOpt = None,
-    sandbox: Annotated[
-        Literal[sandbox_kinds(place="host", isolated=True)] | None,  # registered when built
-        typer.Option(help="sandbox backend (default: local)"),
-    ] = None,
-    slots_per_container: Annotated[
-        int | None, typer.Option(min=1, help="docker: sandboxes per container")
-    ] = None,
+    concurrency: opt.Workers = None,
+    config: opt.ConfigFile = None,
+    set_: opt.Set = None,
+    model: opt.Model = None,
+    base_url: opt.BaseUrl = None,
+    group_size: opt.GroupSize = None,
+    tokenizer: opt.EnvTokenizer = None,
+    sandbox: opt.Sandbox = None,
+    slots_per_container: opt.SlotsPerContainer = None,
     instances: Annotated[
-        list[str] | None, typer.Option(help="instance files (environments with `instances`)")
+        list[str] | None,
+        typer.Option(
+            help="instance files (environments with `instances`)", rich_help_panel=opt.RUN
+        ),
+        opt.To("instances"),
     ] = None,
     generate: Annotated[
         Path | None,
-        typer.Option(help="swe: generate instances from this git repository instead of files"),
+        typer.Option(
+            help="swe: generate instances from this git repository instead of files",
+            rich_help_panel=opt.RUN,
+        ),
+        opt.To("generate", str),
     ] = None,
     save_tasks: Annotated[
         Path | None,
         typer.Option(
-            help="environments that generate tasks (endless): keep them here as Harbor tasks"
+            help="environments that generate tasks (endless): keep them here as Harbor tasks",
+            rich_help_panel=opt.OUTPUT,
         ),
+        opt.To("save_tasks", str),
     ] = None,
     max_items: Annotated[
-        int | None, typer.Option(min=1, help="items used, and groups produced at most")
+        int | None,
+        typer.Option(
+            min=1, help="items used, and groups produced at most", rich_help_panel=opt.RUN
+        ),
+        opt.To("max_items"),
     ] = None,
-    wandb: WandbOpt = None,
-    ray: RayOpt = None,
+    wandb: opt.Wandb = None,
+    ray: opt.Ray = None,
     sft_out: SftOutOpt = None,
     sft_format: SftFormatOpt = "chat",
     sft_min_reward: SftMinRewardOpt = None,
@@ -108,6 +102,7 @@ def process_command(
     from clotho.view.export import write_groups_report
 
     with user_errors(console):
+        flags = opt.overrides(process_command, locals())  # the parameters, nothing else yet
         sft = sft_from_flags(
             sft_out,
             format=sft_format,
@@ -118,26 +113,12 @@ def process_command(
             dedup=sft_dedup,
         )
 
-    sets = list(set_ or [])
-    if sandbox:
-        sets.append(f"sandbox.backend={sandbox}")
-    if slots_per_container:
-        sets.append(f"sandbox.slots_per_container={slots_per_container}")
-    if instances:
-        sets.append(f"instances={json.dumps(instances)}")
-    if generate:
-        sets.append(f"generate={json.dumps(str(generate))}")
-    if save_tasks:
-        sets.append(f"save_tasks={json.dumps(str(save_tasks))}")
     if max_items:
-        sets.append(f"max_items={max_items}")
         n_groups = min(n_groups, max_items)
     out = out or Path("runs") / f"process-{Path(env).stem}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
 
     async def main() -> None:
-        environment = build_environment(
-            env, config, sets, model, base_url, group_size, tokenizer, ray=ray
-        )
+        environment = build_environment(env, config, set_, ray=ray, flags=flags)
         exporter = await _sft_exporter(environment, sft_out, sft)
         tool_errors = None
         if wandb:  # the groups file has no tool errors: watched as the rollouts end
@@ -156,9 +137,7 @@ def process_command(
             await environment.setup()
             await environment.preflight()
             started = True
-            await produce_groups(
-                environment, sink, concurrency=concurrency, n_groups=n_groups, on_group=shown
-            )
+            await produce_groups(environment, sink, n_groups=n_groups, on_group=shown)
         finally:
             await sink.aclose()
             await environment.close()
@@ -216,22 +195,21 @@ async def _sft_exporter(
 def evaluate_command(
     env: EnvArg,
     out: Annotated[Path, typer.Option(help="run directory (same layout as clotho eval)")],
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    model: ModelOpt = None,
-    base_url: BaseUrlOpt = None,
-    tokenizer: TokenizerOpt = None,
-    wandb: WandbOpt = None,
-    ray: RayOpt = None,
+    config: opt.ConfigFile = None,
+    set_: opt.Set = None,
+    model: opt.Model = None,
+    base_url: opt.BaseUrl = None,
+    tokenizer: opt.EnvTokenizer = None,
+    wandb: opt.Wandb = None,
+    ray: opt.Ray = None,
 ) -> None:
     """Run the environment's evaluate() and write metrics and samples into a run directory."""
+    flags = opt.overrides(evaluate_command, locals())  # the parameters, nothing else yet
     from clotho.cli.eval_cmd import print_report
     from clotho.runs.env_eval import write_evaluation
 
     async def main() -> None:
-        environment = build_environment(
-            env, config, set_, model, base_url, None, tokenizer, ray=ray
-        )
+        environment = build_environment(env, config, set_, ray=ray, flags=flags)
         try:
             await environment.setup()
             await environment.preflight()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -14,7 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from clotho.agent.factory import agent_kinds
-from clotho.cli.config_io import apply_sets, load_config_file, merge, resumed
+from clotho.cli import options as opt
+from clotho.cli.resume import resumed_run
 from clotho.cli.running import run_async, user_errors
 from clotho.cli.sft_options import (
     SftAllOpt,
@@ -32,55 +32,12 @@ from clotho.errors import UNSCORED_KINDS, ConfigError
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
 from clotho.runs.tracking import require_wandb, track_run
-from clotho.sandbox.config import sandbox_kinds
-from clotho.sandbox.remote_config import CREATE_CAPPED, DEFAULT_CREATE_CONCURRENCY
 
 if TYPE_CHECKING:
     from clotho.chat.tokenizer import TemplateTokenizer
     from clotho.export.sft import SftOptions
 
 console = Console(stderr=True)
-
-
-def _split(values: list[str] | None) -> list[str]:
-    return [part.strip() for v in values or [] for part in v.split(",") if part.strip()]
-
-
-# A system prompt read from a file is a prompt, not a book.
-MAX_SYSTEM_PROMPT_BYTES = 1 << 20
-
-
-def system_prompt_text(value: str | None) -> str | None:
-    """`--system-prompt`: the text itself, or `@FILE` for a file's (UTF-8). The prompt's
-    `{workdir}` is filled in for each attempt, so any other brace must be doubled; a prompt
-    that does not format is refused here, not in the first attempt."""
-    if value is None:
-        return None
-    text = value
-    if value.startswith("@"):
-        path = Path(value[1:]).expanduser()
-        try:
-            with path.open("rb") as file:
-                data = file.read(MAX_SYSTEM_PROMPT_BYTES + 1)
-        except OSError as exc:
-            why = exc.strerror or exc
-            raise ConfigError(f"--system-prompt {value}: cannot read {path}: {why}") from exc
-        if len(data) > MAX_SYSTEM_PROMPT_BYTES:
-            raise ConfigError(f"--system-prompt {value}: larger than 1 MiB")
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"--system-prompt {value}: {path} is not UTF-8 text") from exc
-    if not text.strip():
-        raise ConfigError("--system-prompt is empty (leave it out for the default prompt)")
-    try:
-        text.format(workdir="/app")
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ConfigError(
-            f"--system-prompt: {{workdir}} is the only field it may name ({exc!r}): write a "
-            "literal brace as {{ or }}"
-        ) from exc
-    return text
 
 
 class _Live:
@@ -136,84 +93,6 @@ class _Live:
                 )
 
 
-# What a resumed run may change: how fast it goes, never what it measures.
-RESUMABLE_CHANGES = {"concurrency", "prewarm", "force_build", "retries", "retry_budget"}
-
-
-# Sandbox settings that lower isolation below the default, and the flag that asks for each.
-# A run folder is anyone's to edit: a resume takes these from its config.json only when the
-# same command line asks for them again.
-_LOWERED_ISOLATION: dict[tuple[str, Any], str] = {
-    ("backend", "unsafe-local"): "--sandbox unsafe-local",
-    ("network", True): "--network",
-    ("cgroup_limits", False): "--set {path}=false",
-    ("slot_isolation", "none"): "--set {path}=none",
-}
-
-
-def _lowered_isolation(sandbox: Any, prefix: str = "sandbox") -> dict[str, tuple[Any, str]]:
-    """{setting path: (value, flag)} for each isolation-lowering setting in `sandbox`,
-    nested ones (a cluster backend's `inner`) included."""
-    found: dict[str, tuple[Any, str]] = {}
-    if not isinstance(sandbox, dict):
-        return found
-    for key, value in sandbox.items():
-        path = f"{prefix}.{key}"
-        if isinstance(value, dict):
-            found.update(_lowered_isolation(value, path))
-            continue
-        for (name, lowered), flag in _LOWERED_ISOLATION.items():
-            if key == name and value == lowered and type(value) is type(lowered):
-                found[path] = (value, flag.format(path=path))
-    return found
-
-
-def _check_isolation(out: Path, saved: dict[str, Any], given: dict[str, Any]) -> None:
-    """Refuse a resume whose saved configuration runs with less isolation than this command
-    line asks for (see `_LOWERED_ISOLATION`)."""
-    asked = _lowered_isolation(given.get("sandbox"))
-    missing = {
-        path: flag
-        for path, (value, flag) in _lowered_isolation(saved.get("sandbox")).items()
-        if path not in asked or asked[path][0] != value
-    }
-    if missing:
-        settings = ", ".join(f"{path}={saved_value(saved, path)}" for path in missing)
-        flags = " ".join(dict.fromkeys(missing.values()))
-        host = (
-            " (unsafe-local runs the tasks' code on this host, as you)"
-            if any(flag.startswith("--sandbox") for flag in missing.values())
-            else ""
-        )
-        raise ConfigError(
-            f"{out / 'config.json'} asks for less isolation than the default: {settings}"
-            f"{host}. A resume never takes that from a run folder alone: to continue this run "
-            f"so, give {flags} again (and check the file if you did not write it)"
-        )
-
-
-def saved_value(data: dict[str, Any], path: str) -> Any:
-    value: Any = data
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return json.dumps(value)
-
-
-def _resumed(out: Path | None, given: dict[str, Any], ray: str | None = None) -> dict[str, Any]:
-    if out is None:
-        raise ConfigError("--resume needs the run directory: --out DIR")
-    saved_path = out / "config.json"
-    if not saved_path.is_file():
-        raise ConfigError(f"{out} holds no run to resume (no config.json)")
-    saved = load_config_file(saved_path)
-    asked = given
-    if ray and (given.get("sandbox") or {}).get("backend") != "ray":  # as --ray will wrap it
-        inner = {"backend": "local", **(given.get("sandbox") or {})}
-        asked = {**given, "sandbox": {"backend": "ray", "address": ray, "inner": inner}}
-    _check_isolation(out, saved, asked)
-    return resumed(saved, given, RESUMABLE_CHANGES)
-
-
 def print_report(metrics: RunMetrics, out: Path) -> None:
     table = Table(title="pass rate by category")
     table.add_column("category")
@@ -260,150 +139,93 @@ def _export_sft(
     print_sft(console, path, stats)
 
 
+# eval's own options (the shared ones are in `clotho.cli.options`).
+Paths = Annotated[
+    list[Path] | None,
+    typer.Argument(help="task directories or folders of them"),
+    opt.To("paths", lambda paths: [str(p) for p in paths] or None),
+]
+Attempts = Annotated[
+    int | None,
+    opt.field_option(EvalConfig, "attempts", panel=opt.RUN, help="attempts per task, for pass@k"),
+    opt.To("attempts"),
+]
+Filter = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="only these tasks (names or globs, comma-separated)", rich_help_panel=opt.RUN
+    ),
+    opt.To("filter", opt.split_list),
+]
+Skip = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--skip-tasks",
+        "--skip",
+        help="skip these tasks (names or globs, comma-separated; repeat for more), beside "
+        "the backend's default skip list",
+        rich_help_panel=opt.RUN,
+    ),
+    opt.To("skip", opt.split_list),
+]
+ReposDir = Annotated[
+    Path | None,
+    typer.Option(
+        help="SWE instances: folder of git mirrors for owner/name repositories",
+        rich_help_panel=opt.RUN,
+    ),
+    opt.To("swe.repos_dir", lambda path: str(path.resolve())),
+]
+Out = Annotated[Path | None, typer.Option(help="run directory", rich_help_panel=opt.OUTPUT)]
+Resume = Annotated[
+    bool,
+    typer.Option(
+        help="continue the run in --out with its saved configuration", rich_help_panel=opt.OUTPUT
+    ),
+]
+
+
 def eval_command(
-    paths: Annotated[
-        list[Path] | None, typer.Argument(help="task directories or folders of them")
-    ] = None,
-    config: Annotated[Path | None, typer.Option(help="YAML/JSON file with an EvalConfig")] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="override a config field: key.path=value")
-    ] = None,
+    paths: Paths = None,
+    config: opt.ConfigFile = None,
+    set_: opt.Set = None,
     agent: Annotated[
         Literal[tuple(agent_kinds())] | None,  # clotho's own and the registered installed ones
         typer.Option(
             help="who does the task: llm (clotho's agent), oracle, nop, or an installed agent "
-            "run in the sandbox behind the model gateway (default: llm)"
+            "run in the sandbox behind the model gateway (default: llm)",
+            rich_help_panel=opt.RUN,
         ),
+        opt.To("agent"),
     ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(help="model name for --agent llm (default: the embedded SmolLM2-135M)"),
-    ] = None,
-    api: Annotated[
-        Literal["chat", "vllm", "sglang", "local"] | None,
-        typer.Option(
-            help="chat: OpenAI chat completions; vllm / sglang: token ids in and out, exact "
-            "tokens and logprobs; local: the embedded model (default when no --base-url)"
-        ),
-    ] = None,
-    tokenizer: Annotated[
-        str | None, typer.Option(help="tokenizer.json or its folder, for --api vllm/sglang")
-    ] = None,
-    tool_parser: Annotated[
-        str | None, typer.Option(help="tool-call format for token APIs (default: hermes)")
-    ] = None,
-    base_url: Annotated[
-        list[str] | None, typer.Option(help="OpenAI-compatible base URL; repeat to balance")
-    ] = None,
-    api_key_env: Annotated[
-        str | None,
-        typer.Option(help="environment variable with the API key (default: OPENAI_API_KEY)"),
-    ] = None,
-    temperature: Annotated[float | None, typer.Option(help="sampling temperature")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="max tokens per model reply")] = None,
-    max_turns: Annotated[
-        int | None, typer.Option(help="max model turns per attempt (default: 30)")
-    ] = None,
-    sandbox: Annotated[
-        Literal[sandbox_kinds(place="host")] | None,  # the kinds registered when it is built
-        typer.Option(help="sandbox backend (default: local)"),
-    ] = None,
-    network: Annotated[
-        bool | None,
-        typer.Option(
-            "--network/--no-network",
-            help="let sandboxes have a network (the local backend's is guarded: the host's own "
-            "services stay out of reach): a Harbor task's only when it asks "
-            "([environment] allow_internet = true), other formats' always (default: off; a "
-            "task that asks is then refused)",
-        ),
-    ] = None,
-    ray: Annotated[
-        str | None,
-        typer.Option(
-            help="spread the sandboxes over a Ray cluster: its address, or auto (extra ray); "
-            "--sandbox says what each node runs"
-        ),
-    ] = None,
-    create_concurrency: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="sandboxes being created at once on a cluster backend (ray, modal, nomad: "
-            f"sandbox.create_concurrency, default {DEFAULT_CREATE_CONCURRENCY}); only "
-            "creation waits, not the rollouts",
-        ),
-    ] = None,
-    concurrency: Annotated[
-        int | None, typer.Option(help="attempts running at once (default: 4)")
-    ] = None,
-    attempts: Annotated[
-        int | None, typer.Option(help="attempts per task, for pass@k (default: 1)")
-    ] = None,
-    retries: Annotated[
-        int | None,
-        typer.Option(
-            min=0,
-            help="run an attempt lost to an infra error (a lost node, a broken backend, a "
-            "model outage) again within the run, up to N times (default: 2)",
-        ),
-    ] = None,
-    retry_budget: Annotated[
-        int | None,
-        typer.Option(
-            min=0, help="retries in the whole run (default: max(2 x concurrency, attempts / 4))"
-        ),
-    ] = None,
-    task_timeout: Annotated[
-        float | None, typer.Option(help="wall-clock seconds per attempt, agent + verification")
-    ] = None,
-    filter: Annotated[
-        list[str] | None, typer.Option(help="only these tasks (names or globs, comma-separated)")
-    ] = None,
-    skip: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--skip-tasks",
-            "--skip",
-            help="skip these tasks (names or globs, comma-separated; repeat for more), beside "
-            "the backend's default skip list",
-        ),
-    ] = None,
-    system_prompt: Annotated[
-        str | None,
-        typer.Option(
-            help="the model agent's system prompt: TEXT, or @FILE to read it from a file "
-            "({workdir} is filled in; default: clotho's own)"
-        ),
-    ] = None,
-    verifier_timeout: Annotated[
-        float | None,
-        typer.Option(
-            min=0.001, help="seconds for every task's verifier, instead of the task's own"
-        ),
-    ] = None,
-    command_timeout: Annotated[
-        float | None,
-        typer.Option(
-            min=0.001,
-            help="seconds each command the agent runs may take, at most (also its default)",
-        ),
-    ] = None,
-    force_build: Annotated[
-        bool | None, typer.Option("--force-build", help="rebuild task images even if cached")
-    ] = None,
-    repos_dir: Annotated[
-        Path | None,
-        typer.Option(help="SWE instances: folder of git mirrors for owner/name repositories"),
-    ] = None,
-    out: Annotated[Path | None, typer.Option(help="run directory")] = None,
-    resume: Annotated[
-        bool, typer.Option(help="continue the run in --out with its saved configuration")
-    ] = False,
-    wandb: Annotated[
-        str | None,
-        typer.Option("--wandb", help="log the run to this Weights & Biases project (extra wandb)"),
-    ] = None,
+    model: opt.Model = None,
+    api: opt.Api = None,
+    tokenizer: opt.Tokenizer = None,
+    tool_parser: opt.ToolParser = None,
+    base_url: opt.BaseUrl = None,
+    api_key_env: opt.ApiKeyEnv = None,
+    temperature: opt.Temperature = None,
+    max_tokens: opt.MaxTokens = None,
+    max_turns: opt.MaxTurns = None,
+    sandbox: opt.Sandbox = None,
+    network: opt.Network = None,
+    ray: opt.Ray = None,
+    create_concurrency: opt.CreateConcurrency = None,
+    concurrency: opt.Concurrency = None,
+    attempts: Attempts = None,
+    retries: opt.Retries = None,
+    retry_budget: opt.RetryBudget = None,
+    task_timeout: opt.TaskTimeout = None,
+    filter: Filter = None,
+    skip: Skip = None,
+    system_prompt: opt.SystemPrompt = None,
+    verifier_timeout: opt.VerifierTimeout = None,
+    command_timeout: opt.CommandTimeout = None,
+    force_build: opt.ForceBuild = None,
+    repos_dir: ReposDir = None,
+    out: Out = None,
+    resume: Resume = False,
+    wandb: opt.Wandb = None,
     sft_out: SftOutOpt = None,
     sft_format: SftFormatOpt = "chat",
     sft_min_reward: SftMinRewardOpt = None,
@@ -420,6 +242,7 @@ def eval_command(
     resumed run's file holds every attempt; `clotho export sft DIR` writes it any time).
     """
     with user_errors(console):
+        flags = opt.overrides(eval_command, locals())  # the parameters, nothing else yet
         if wandb:
             require_wandb()
         sft = sft_from_flags(
@@ -432,62 +255,12 @@ def eval_command(
             dedup=sft_dedup,
         )
         sft_tok = load_sft_tokenizer(sft)
-        data = load_config_file(config) if config else {}
-        flags: dict[str, Any] = {
-            "paths": [str(p) for p in paths] if paths else None,
-            "agent": agent,
-            "concurrency": concurrency,
-            "attempts": attempts,
-            "retries": retries,
-            "retry_budget": retry_budget,
-            "task_timeout_s": task_timeout,
-            "max_turns": max_turns,
-            "filter": _split(filter) or None,
-            "skip": _split(skip) or None,
-            "system_prompt": system_prompt_text(system_prompt),
-            "verifier_timeout_s": verifier_timeout,
-            "command_timeout_s": command_timeout,
-            "force_build": force_build,
-            "swe": {"repos_dir": str(repos_dir.resolve())} if repos_dir else None,
-        }
-        model_flags = {
-            "model": model,
-            "api": api,
-            "tokenizer": tokenizer,
-            "tool_parser": tool_parser,
-            "base_url": base_url,
-            "api_key_env": api_key_env,
-            "sampling": {
-                k: v
-                for k, v in {"temperature": temperature, "max_tokens": max_tokens}.items()
-                if v is not None
-            }
-            or None,
-        }
-        model_flags = {k: v for k, v in model_flags.items() if v is not None}
-        if model_flags:
-            flags["model"] = model_flags
-        sandbox_flags = {
-            k: v for k, v in {"backend": sandbox, "network": network}.items() if v is not None
-        }
-        if sandbox_flags:
-            flags["sandbox"] = sandbox_flags
-        data = merge(data, {k: v for k, v in flags.items() if v is not None})
-        data = apply_sets(data, set_ or [])
+        data = opt.config_data(config, flags, set_)
         if resume:
-            data = _resumed(out, data, ray)
+            data = resumed_run(out, data, ray)
         if not data.get("paths"):
             raise ConfigError("give at least one task path (argument or `paths:` in --config)")
-        data.setdefault("sandbox", {}).setdefault("backend", "local")
-        if ray and data["sandbox"]["backend"] != "ray":
-            data["sandbox"] = {"backend": "ray", "address": ray, "inner": data["sandbox"]}
-        if create_concurrency is not None:
-            if data["sandbox"]["backend"] not in CREATE_CAPPED:
-                raise ConfigError(
-                    f"--create-concurrency caps sandbox creation on {', '.join(CREATE_CAPPED)}; "
-                    f"this run's sandboxes are {data['sandbox']['backend']}"
-                )
-            data["sandbox"]["create_concurrency"] = create_concurrency
+        data = opt.with_sandbox(data, ray=ray, create_concurrency=create_concurrency)
         eval_config = EvalConfig.model_validate(data)
     out = out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{eval_config.agent}"
     progress = Progress(

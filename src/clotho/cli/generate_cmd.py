@@ -1,17 +1,16 @@
 """`clotho generate PROMPTS.jsonl`: the model agent on plain prompts, as a batch (the seed's
 `batch_runner`), into a run directory; trajectories, SFT lines and per-run statistics.
 
-The model, sandbox and limit options are `clotho eval`'s own, taken from its signature, so
-the two commands cannot drift apart."""
+The model, sandbox and limit options are the shared ones (`clotho.cli.options`), as
+`clotho eval`'s are."""
 
 from __future__ import annotations
 
 import time
-import typing
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -19,8 +18,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clotho.cli.config_io import apply_sets, load_config_file, merge
-from clotho.cli.eval_cmd import _resumed, eval_command, system_prompt_text
+from clotho.cli import options as opt
+from clotho.cli.resume import resumed_run
 from clotho.cli.running import run_async, user_errors
 from clotho.cli.sft_options import (
     SftAllOpt,
@@ -45,28 +44,6 @@ if TYPE_CHECKING:
     from clotho.export.writer import SftStats
 
 console = Console(stderr=True)
-
-# `clotho eval`'s options, as its signature declares them (help, choices, defaults).
-_EVAL = typing.get_type_hints(eval_command, include_extras=True)
-ConfigFileOpt = _EVAL["config"]
-SetOpt = _EVAL["set_"]
-ModelOpt = _EVAL["model"]
-ApiOpt = _EVAL["api"]
-TokenizerOpt = _EVAL["tokenizer"]
-ToolParserOpt = _EVAL["tool_parser"]
-BaseUrlOpt = _EVAL["base_url"]
-ApiKeyEnvOpt = _EVAL["api_key_env"]
-TemperatureOpt = _EVAL["temperature"]
-MaxTokensOpt = _EVAL["max_tokens"]
-MaxTurnsOpt = _EVAL["max_turns"]
-SandboxOpt = _EVAL["sandbox"]
-NetworkOpt = _EVAL["network"]
-RetriesOpt = _EVAL["retries"]
-TaskTimeoutOpt = _EVAL["task_timeout"]
-VerifierTimeoutOpt = _EVAL["verifier_timeout"]
-CommandTimeoutOpt = _EVAL["command_timeout"]
-SystemPromptOpt = _EVAL["system_prompt"]
-WandbOpt = _EVAL["wandb"]
 
 
 class _Live:
@@ -202,28 +179,26 @@ def generate_command(
         bool,
         typer.Option(help="continue the run in --out: prompts it finished are skipped"),
     ] = False,
-    concurrency: Annotated[
-        int | None, typer.Option("--concurrency", "-n", min=1, help="prompts at once (default: 4)")
-    ] = None,
-    config: ConfigFileOpt = None,
-    set_: SetOpt = None,
-    model: ModelOpt = None,
-    api: ApiOpt = None,
-    tokenizer: TokenizerOpt = None,
-    tool_parser: ToolParserOpt = None,
-    base_url: BaseUrlOpt = None,
-    api_key_env: ApiKeyEnvOpt = None,
-    temperature: TemperatureOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    max_turns: MaxTurnsOpt = None,
-    system_prompt: SystemPromptOpt = None,
-    sandbox: SandboxOpt = None,
-    network: NetworkOpt = None,
-    retries: RetriesOpt = None,
-    task_timeout: TaskTimeoutOpt = None,
-    verifier_timeout: VerifierTimeoutOpt = None,
-    command_timeout: CommandTimeoutOpt = None,
-    wandb: WandbOpt = None,
+    concurrency: opt.Concurrency = None,
+    config: opt.ConfigFile = None,
+    set_: opt.Set = None,
+    model: opt.Model = None,
+    api: opt.Api = None,
+    tokenizer: opt.Tokenizer = None,
+    tool_parser: opt.ToolParser = None,
+    base_url: opt.BaseUrl = None,
+    api_key_env: opt.ApiKeyEnv = None,
+    temperature: opt.Temperature = None,
+    max_tokens: opt.MaxTokens = None,
+    max_turns: opt.MaxTurns = None,
+    system_prompt: opt.SystemPrompt = None,
+    sandbox: opt.Sandbox = None,
+    network: opt.Network = None,
+    retries: opt.Retries = None,
+    task_timeout: opt.TaskTimeout = None,
+    verifier_timeout: opt.VerifierTimeout = None,
+    command_timeout: opt.CommandTimeout = None,
+    wandb: opt.Wandb = None,
     sft_out: SftOutOpt = None,
     sft_format: SftFormatOpt = "chat",
     sft_min_reward: SftMinRewardOpt = None,
@@ -246,6 +221,7 @@ def generate_command(
     from clotho.runs.tracking import require_wandb
 
     with user_errors(console):
+        flags = opt.overrides(generate_command, locals())  # the parameters, nothing else yet
         if wandb:
             require_wandb()
         sft = sft_from_flags(
@@ -259,47 +235,12 @@ def generate_command(
         )
         sft_tok = load_sft_tokenizer(sft)
         items = read_prompts(prompts)
-        data = load_config_file(config) if config else {}
-        flags: dict[str, Any] = {
-            "paths": [],
-            "agent": "llm",
-            "concurrency": concurrency,
-            "retries": retries,
-            "task_timeout_s": task_timeout,
-            "max_turns": max_turns,
-            "system_prompt": system_prompt_text(system_prompt),
-            "verifier_timeout_s": verifier_timeout,
-            "command_timeout_s": command_timeout,
-        }
-        sampling = {
-            k: v
-            for k, v in {"temperature": temperature, "max_tokens": max_tokens}.items()
-            if v is not None
-        }
-        model_flags = {
-            "model": model,
-            "api": api,
-            "tokenizer": tokenizer,
-            "tool_parser": tool_parser,
-            "base_url": base_url,
-            "api_key_env": api_key_env,
-            "sampling": sampling or None,
-        }
-        model_flags = {k: v for k, v in model_flags.items() if v is not None}
-        if model_flags:
-            flags["model"] = model_flags
-        sandbox_flags = {
-            k: v for k, v in {"backend": sandbox, "network": network}.items() if v is not None
-        }
-        if sandbox_flags:
-            flags["sandbox"] = sandbox_flags
-        data = merge(data, {k: v for k, v in flags.items() if v is not None})
-        data = apply_sets(data, set_ or [])
+        data = opt.config_data(config, {"paths": [], "agent": "llm", **flags}, set_)
         if resume:
-            data = _resumed(out, data)
+            data = resumed_run(out, data)
         if data.get("paths"):
             raise ConfigError(f"{out}: a clotho eval run, not a clotho generate one")
-        data.setdefault("sandbox", {}).setdefault("backend", "local")
+        data = opt.with_sandbox(data)
         run_config = EvalConfig.model_validate(data)
     out = out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-generate"
     progress = Progress(

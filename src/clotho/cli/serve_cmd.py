@@ -11,21 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from clotho.cli.env_options import (
-    BaseUrlOpt,
-    ConfigOpt,
-    EnvArg,
-    GroupOpt,
-    ModelOpt,
-    RayOpt,
-    SetOpt,
-    TokenizerOpt,
-    WandbOpt,
-    WorkersOpt,
-    build_environment,
-    console,
-    run_env_command,
-)
+from clotho.cli import options as opt
+from clotho.cli.env_options import EnvArg, build_environment, console, run_env_command
+from clotho.env.config import EnvConfig
 from clotho.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -76,14 +64,26 @@ def serve_command(
     api_url: Annotated[
         str, typer.Option(help="trajectory API (clotho api or Atropos run-api)")
     ] = "http://localhost:8000",
-    max_num_workers: WorkersOpt = None,
+    max_num_workers: opt.Workers = None,
     total_steps: Annotated[
         int | None,
-        typer.Option(min=1, help="stop once the trainer reaches this step (default: never)"),
+        opt.field_option(
+            EnvConfig,
+            "total_steps",
+            panel=opt.RUN,
+            help="stop once the trainer reaches this step (default: never)",
+        ),
+        opt.To("total_steps"),
     ] = None,
     steps_per_eval: Annotated[
         int | None,
-        typer.Option(min=0, help="run the environment's evaluation every N trainer steps"),
+        opt.field_option(
+            EnvConfig,
+            "steps_per_eval",
+            panel=opt.RUN,
+            help="run the environment's evaluation every N trainer steps",
+        ),
+        opt.To("steps_per_eval"),
     ] = None,
     state_dir: Annotated[
         Path | None,
@@ -102,35 +102,26 @@ def serve_command(
             help="the trajectory API's token (the one `clotho api` printed or was given)",
         ),
     ] = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    model: ModelOpt = None,
-    base_url: BaseUrlOpt = None,
-    group_size: GroupOpt = None,
-    tokenizer: TokenizerOpt = None,
-    wandb: WandbOpt = None,
-    ray: RayOpt = None,
+    config: opt.ConfigFile = None,
+    set_: opt.Set = None,
+    model: opt.Model = None,
+    base_url: opt.BaseUrl = None,
+    group_size: opt.GroupSize = None,
+    tokenizer: opt.EnvTokenizer = None,
+    wandb: opt.Wandb = None,
+    ray: opt.Ray = None,
 ) -> None:
     """Produce groups for a trainer through the trajectory API, until it reaches total-steps."""
+    flags = opt.overrides(serve_command, locals())  # the parameters, nothing else yet
     from clotho.env.checkpoint import StateDir
     from clotho.env.lifecycle import ServeLifecycle
     from clotho.trainers.client import ApiClientConfig, AtroposClient
     from clotho.trainers.protocol import RegisterEnv
 
-    sets = list(set_ or [])
-    for key, value in (
-        ("max_num_workers", max_num_workers),
-        ("total_steps", total_steps),
-        ("steps_per_eval", steps_per_eval),
-    ):
-        if value is not None:
-            sets.append(f"{key}={value}")
     folder = state_dir or Path("runs") / f"serve-{Path(env).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     async def main() -> None:
-        environment = build_environment(
-            env, config, sets, model, base_url, group_size, tokenizer, ray=ray
-        )
+        environment = build_environment(env, config, set_, ray=ray, flags=flags)
         tracker = None
         if wandb:
             from clotho.runs.tracking import GroupTracker, ToolErrorLog
