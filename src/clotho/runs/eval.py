@@ -46,8 +46,9 @@ async def build_agent(config: EvalConfig) -> tuple[Agent, Model | None]:
     )
 
 
-class _Recorder:
-    """Turns outcomes into records, writes them, and tells the listener."""
+class Recorder:
+    """Turns outcomes into records, writes them, and tells the listener (eval's and
+    generate's runs)."""
 
     def __init__(self, store: RunStore, agent: str, notify: Listener) -> None:
         self.store = store
@@ -104,7 +105,7 @@ async def run_eval(
     store.prepare(resume)
     store.write_config(config)
     plan = await plan_eval(config, store, resume)
-    recorder = _Recorder(store, config.agent, notify)
+    recorder = Recorder(store, config.agent, notify)
     await recorder.invalid(plan)
     notify("start", {"total": plan.total, "pending": len(plan.pending), "skipped": plan.skipped})
     started = time.perf_counter()
@@ -141,7 +142,7 @@ async def run_eval(
 
 
 async def _run_pending(
-    config: EvalConfig, plan: EvalPlan, pool: SlotPool, agent: Agent, recorder: _Recorder
+    config: EvalConfig, plan: EvalPlan, pool: SlotPool, agent: Agent, recorder: Recorder
 ) -> None:
     """Every pending attempt, `concurrency` at a time, environments prepared in order of need;
     an attempt lost to the infrastructure is tried again within the run's retry budget."""

@@ -42,7 +42,7 @@ from clotho.errors import ConfigError, ErrorInfo
 from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_retried, run_rollout
 from clotho.rollout.run import SETUP_MARGIN_S
 from clotho.runs import files
-from clotho.runs.eval import _Recorder
+from clotho.runs.eval import Recorder
 from clotho.runs.generate_stats import GenerateStats, write_outputs
 from clotho.runs.metrics import compute_metrics, latest
 from clotho.runs.prompts import PromptItem, in_subshell
@@ -260,7 +260,7 @@ async def run_generate(
         PoolConfig(max_size=2 * config.concurrency),
         labels={"clotho.run": f"{out_dir.name}-{secrets.token_hex(3)}"},
     )
-    recorder = _Recorder(store, config.agent, notify)
+    recorder = Recorder(store, config.agent, notify)
     model: Model | None = None
     complete = False
     try:
@@ -329,7 +329,7 @@ def _finish(
 
 
 async def _run_pending(
-    config: EvalConfig, tasks: list[PromptTask], pool: SlotPool, recorder: _Recorder
+    config: EvalConfig, tasks: list[PromptTask], pool: SlotPool, recorder: Recorder
 ) -> None:
     """Every pending prompt, `concurrency` at a time, each retried within the run's budget
     when the infrastructure lost it (as eval's attempts are)."""
