@@ -52,6 +52,7 @@ _LOOP_CONFIGURE = 0x4C0A
 _LO_FLAGS_AUTOCLEAR = 4
 _LO_FLAGS_DIRECT_IO = 16  # no second page cache for the image on the host
 _MS_NODEV = 4
+_MS_PRIVATE = 1 << 18
 _SEEK_DATA, _SEEK_HOLE = 3, 4
 _MOUNT_DATA = b"discard,noinit_itable"  # deletes give the host its blocks back
 
@@ -191,9 +192,18 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 
 
 def _mount(device: str, target: Path) -> None:
+    """Mount the file system, then make it private: below a shared mount (dockerd makes its
+    root one; systemd makes `/` one) it would otherwise have peers in every mount namespace
+    copied from this one, and a process there that detaches its copy (slirp4netns' sandbox
+    does, having made only `/` private) would unmount it here too, with whatever is mounted
+    on it (a container's root)."""
     if _libc.mount(device.encode(), str(target).encode(), b"ext4", _MS_NODEV, _MOUNT_DATA):
         err = ctypes.get_errno()
         raise OSError(err, f"mount {device} on {target}: {os.strerror(err)}")
+    if _libc.mount(None, str(target).encode(), None, _MS_PRIVATE, None):
+        err = ctypes.get_errno()
+        _detach(target)
+        raise OSError(err, f"make {target} private: {os.strerror(err)}")
 
 
 @dataclass(frozen=True)

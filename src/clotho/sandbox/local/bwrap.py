@@ -482,7 +482,12 @@ class BwrapSandbox(ShellBackedSandbox):
         if self.uid is not None:
             # Root, to open /dev/net/tun (0600 on some hosts), but with the sandbox's gid: its
             # sockets match the host guard's gid rule. --enable-sandbox drops its capabilities.
-            argv = ["setpriv", f"--regid={self.uid}", "--clear-groups", "--", argv[0],
+            # It also pivots into a tmpfs and detaches the old root, having made only `/`
+            # private: mounts below that are shared with the host (dockerd makes its root a
+            # shared mount) would be unmounted on the host too, every container's root with
+            # them. In a mount namespace of its own made private throughout, they are not.
+            argv = ["unshare", "--mount", "--propagation", "private", "--",
+                    "setpriv", f"--regid={self.uid}", "--clear-groups", "--", argv[0],
                     "--enable-sandbox", "--enable-seccomp", *argv[1:]]  # fmt: skip
         try:
             self._slirp = await asyncio.create_subprocess_exec(
