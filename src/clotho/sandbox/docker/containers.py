@@ -20,6 +20,7 @@ from clotho.sandbox.config import (
     DEFAULT_DOCKER_STORAGE_MB,
     DockerSandboxConfig,
 )
+from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.quota import confine
 from clotho.sandbox.host.leases import lease_labels
 
@@ -98,6 +99,17 @@ def container_body(
         "Labels": {LABEL: "1", **lease_labels(lease_s), **labels},
         "HostConfig": host,
     }
+
+
+def container_limits(container: Any, config: DockerSandboxConfig) -> LimitWatch:
+    """The watch of a container's limits: the config's, else the defaults (4 GB, 10 GB)."""
+    return LimitWatch(
+        container,
+        memory_mb=config.memory_mb or DEFAULT_DOCKER_MEMORY_MB,
+        pids_limit=config.pids_limit,
+        storage_mb=config.storage_mb or DEFAULT_DOCKER_STORAGE_MB,
+        check_interval_s=config.storage_check_s,
+    )
 
 
 async def create_container(docker: Any, body: dict[str, Any], image: str) -> Any:

@@ -44,7 +44,6 @@ from clotho.sandbox.base import (
     SocketPlace,
 )
 from clotho.sandbox.config import (
-    DEFAULT_DOCKER_MEMORY_MB,
     DEFAULT_DOCKER_STORAGE_MB,
     DockerSandboxConfig,
     base_env,
@@ -55,6 +54,7 @@ from clotho.sandbox.docker.containers import (
     LABEL,
     client_url,
     container_body,
+    container_limits,
     create_container,
     delete_container,
     image_at_fault,
@@ -64,7 +64,6 @@ from clotho.sandbox.docker.fifo import MOUNT as FIFO_MOUNT
 from clotho.sandbox.docker.fifo import DockerFifoChannel, main_shell_command, make_fifos
 from clotho.sandbox.docker.fresh import STOP_CONTAINER, fresh_exec, in_container
 from clotho.sandbox.docker.images import ImageFactsCache
-from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.quota import confine
 from clotho.sandbox.docker.rootfs import host_digests
 from clotho.sandbox.docker.twin import (
@@ -158,13 +157,7 @@ class DockerSandbox(ShellBackedSandbox):
         self._io_xfer: XferDir | None = None  # uploads through io_dir (opened on first use)
         self._closed = False
         self._stopped = False
-        self.limits = LimitWatch(
-            container,
-            memory_mb=config.memory_mb or DEFAULT_DOCKER_MEMORY_MB,
-            pids_limit=config.pids_limit,
-            storage_mb=config.storage_mb or DEFAULT_DOCKER_STORAGE_MB,
-            check_interval_s=config.storage_check_s,
-        )
+        self.limits = container_limits(container, config)
 
     @property
     def id(self) -> str:

@@ -45,8 +45,6 @@ from typing import Any
 
 from clotho.errors import ConfigError, SandboxError
 from clotho.sandbox.config import (
-    DEFAULT_DOCKER_MEMORY_MB,
-    DEFAULT_DOCKER_STORAGE_MB,
     DockerSandboxConfig,
     base_env,
 )
@@ -54,6 +52,7 @@ from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.containers import (
     client_url,
     container_body,
+    container_limits,
     delete_container,
     start_container,
 )
@@ -424,13 +423,7 @@ class SlotHost:
         box.isolation = isolation
         box.created = time.monotonic()
         container = box.container
-        box.limits = LimitWatch(
-            box.container,
-            memory_mb=config.memory_mb or DEFAULT_DOCKER_MEMORY_MB,
-            pids_limit=config.pids_limit,
-            storage_mb=config.storage_mb or DEFAULT_DOCKER_STORAGE_MB,
-            check_interval_s=config.storage_check_s,
-        )
+        box.limits = container_limits(box.container, config)
         box.limits.culprit = lambda: _biggest_slot(container)
         await box.limits.start()
         box.cgroups = self._slot_cgroups and box.limits.slot_cgroups_possible()
