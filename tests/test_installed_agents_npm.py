@@ -278,3 +278,28 @@ async def test_check_image_passes_a_glibc_sandbox(tmp_path: Path) -> None:
         await sandbox.exec("mkdir -p /tmp/bare")
         with pytest.raises(TaskError, match=r"claude-code agent needs glibc >= 2\.26"):
             await ClaudeCode().check_image(sandbox, loader="/tmp/bare/ld-linux-x86-64.so.2")
+
+
+class _ClaudeCodeOnABareImage(ClaudeCode):
+    """claude-code judging the image by a loader that is not there, as in an image without
+    glibc (every image here has one)."""
+
+    async def check_image(self, sandbox: Any, *, loader: str = LOADER) -> None:
+        await super().check_image(sandbox, loader="/nonexistent/ld-linux-x86-64.so.2")
+
+
+async def test_a_trial_on_an_image_the_agent_cannot_run_is_the_tasks_error(
+    gateway_for: Any,
+) -> None:
+    """The runner checks the image before anything else: the trial is `task` (not scored,
+    not retried as infra), naming what is missing, and the model is never asked."""
+    with ScriptedOpenAIServer(default=lambda body: assistant("done")) as server:
+        runner = InstalledAgentRunner(
+            _ClaudeCodeOnABareImage(), gateway_for(server), GatewayLimits(max_turns=2)
+        )
+        async with SlotPool() as pool:
+            trial = HarborTrial(load_task(TASK))
+            outcome = await run_trial(trial, runner, LocalSandboxConfig(), pool)
+    assert outcome.error is not None and outcome.error.kind == "task", outcome.error
+    assert "claude-code agent needs glibc" in outcome.error.message
+    assert server.requests == [] and runner.runs == []

@@ -93,6 +93,13 @@ class InstalledAgent(abc.ABC):
     version: str
     apis: tuple[ModelApiName, ...]
     trajectory_file: str  # inside AGENT_LOGS
+    # A Python agent's wheels are built for the sandbox's python3; a native binary needs none.
+    needs_python: bool = True
+
+    async def check_image(self, sandbox: Sandbox) -> None:
+        """Raise a `TaskError` naming what the image lacks for this agent (default: nothing
+        beyond the python3 that `needs_python` asks for)."""
+        return None
 
     @abc.abstractmethod
     async def prepare(self, python: str, cache_dir: Path) -> AgentInstall:
@@ -351,7 +358,10 @@ class InstalledAgentRunner:
     async def run(self, ctx: AgentContext) -> AgentResult:
         started = time.monotonic()
         sandbox = ctx.sandbox
-        python = await sandbox_python(sandbox, self.agent.name, self.minimum_python)
+        await self.agent.check_image(sandbox)
+        python = "any"
+        if self.agent.needs_python:
+            python = await sandbox_python(sandbox, self.agent.name, self.minimum_python)
         install = await self.agent.prepare(python, self.cache_dir)
         exposure: Literal["bind", "upload"] = "bind"
         inner = await bound_install(sandbox, install, self.cache_dir)

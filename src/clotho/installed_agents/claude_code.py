@@ -33,6 +33,7 @@ class ClaudeCode(InstalledAgent):
     version = VERSION
     apis = ("anthropic-messages",)
     trajectory_file = "claude-code.jsonl"
+    needs_python = False
 
     async def prepare(self, python: str, cache_dir: Path) -> AgentInstall:
         return await npm_install(

@@ -52,6 +52,7 @@ class Codex(InstalledAgent):
     version = VERSION
     apis = ("openai-responses",)
     trajectory_file = "codex.jsonl"
+    needs_python = False
 
     async def prepare(self, python: str, cache_dir: Path) -> AgentInstall:
         return await npm_install(

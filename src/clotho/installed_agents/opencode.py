@@ -54,6 +54,7 @@ class OpenCode(InstalledAgent):
     version = VERSION
     apis = ("openai-chat",)
     trajectory_file = "opencode.jsonl"
+    needs_python = False
 
     async def prepare(self, python: str, cache_dir: Path) -> AgentInstall:
         return await npm_install(
