@@ -1,8 +1,10 @@
-"""Sandboxes: where agent commands and files live (bubblewrap, unsafe-local, Docker).
+"""Sandboxes: where agent commands and files live. One folder per backend: `local/`
+(bubblewrap, unsafe-local), `docker/`, `ssh/`, `ray/`, `remote/` (Modal, Nomad); `host/` is
+the bookkeeping they share (state folders, leases, exit cleanup, cgroups).
 
 Callers see only what is exported here: a `Sandbox`, its configuration, the pool, and the
 backend-neutral `EnvironmentSpec` -> `PreparedEnvironment` step; which backend runs is
-known only inside this package (`backends.py`).
+known only inside this package (each config names its backend: `config.py`).
 """
 
 from clotho.sandbox.backends import EnvironmentSpec, PreparedEnvironment, SandboxBackend
