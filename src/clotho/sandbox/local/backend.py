@@ -22,7 +22,7 @@ from clotho.sandbox.local.unsafe_local import UnsafeLocalSandbox
 
 
 class FolderBackend(SandboxBackend[ConfigT]):
-    """Sandboxes that are a labelled host folder plus processes (`state.py`).
+    """Sandboxes that are a labelled host folder plus processes (`host/state.py`).
 
     The folders of bubblewrap and unsafe-local sandboxes look alike, so both backends list
     every sandbox folder in their state folder (as records of backend "local").
