@@ -323,7 +323,7 @@ async def test_a_sidecar_past_the_disk_limit_is_killed(monkeypatch: pytest.Monke
     from clotho.sandbox.docker.sidecars import SidecarSandbox
     from clotho.sandbox.sidecar_spec import SidecarSpec
 
-    monkeypatch.delenv("CLOTHO_DOCKER_QUOTA", raising=False)
+    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "0")
     filler = SidecarSpec(
         name="filler",
         image="clotho/base:bookworm",

@@ -145,11 +145,15 @@ async def test_a_slots_memory_failure_is_its_own(slot_host: SlotHost) -> None:
 
 @pytest.mark.parametrize("isolation", ["none", "bwrap"])
 async def test_a_slot_that_fills_the_disk_fails_alone_as_limit(
-    slot_host: SlotHost, isolation: str
+    slot_host: SlotHost, isolation: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The quota is the container's: the slot whose files passed it fails as `limit`; its
-    neighbour, killed with the container, is infrastructure (retried), not charged."""
+    """Where the quota is watched (`CLOTHO_DOCKER_QUOTA=0`; enforced, see
+    test_slot_quota_docker.py), it is the container's: the slot whose files passed it fails as
+    `limit`; its neighbour, killed with the container, is infrastructure (retried), not
+    charged."""
     from clotho.errors import SandboxError
+
+    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "0")
 
     config = DockerSandboxConfig(
         slots_per_container=2, slot_isolation=isolation, storage_mb=40, storage_check_s=0.3

@@ -47,8 +47,7 @@ async def test_a_networked_local_sandbox_leaves_containers_roots_mounted(
 ) -> None:
     fail_without_docker_in_ci()
     assert shutil.which("slirp4netns"), "make system-deps installs slirp4netns"
-    if quota == "layer file system":
-        monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "1")
+    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "1" if quota == "layer file system" else "0")
     async with await open_sandbox(DockerSandboxConfig(image=BASE_IMAGE)) as container:
         merged = merged_dir(container)
         assert mounted(merged), "the container's root is mounted on the host"

@@ -347,8 +347,8 @@ class DockerSandboxConfig(_Common):
     storage_mb: int | None = Field(
         None,
         gt=0,
-        description="the container's writable layer, shared by its slots: with "
-        "CLOTHO_DOCKER_QUOTA=1 (a local daemon with overlay2, the harness root) a file system "
+        description="the container's writable layer, shared by its slots: on a local daemon with overlay2 "
+        "and the harness as root (unless CLOTHO_DOCKER_QUOTA=0) a file system "
         "of this size and a matching inode count, so a write past it fails with ENOSPC and a "
         "command after which it is full is `limit`; otherwise its size is watched and the "
         "container killed past it (said at run time); None: the task's, else "

@@ -13,17 +13,16 @@ This needs the daemon's files on this host (a local daemon), the overlay2 driver
 where any is missing, `confine` says once why and returns None, and the caller watches the
 layer's size instead.
 
-It is off unless `CLOTHO_DOCKER_QUOTA=1`: on this machine, while many confined containers
-came and went, `docker exec` into some containers failed for minutes with runc's "error
-starting setns process: fork/exec /proc/self/exe: no such file or directory" (a verification
-that cannot start is infra, but it is lost work). What is known: runc starts an exec's process
-in the container's root folder on the host (the overlay at `<layer>/merged`), and that error is
-its chdir failing. Reproduced once more (29 failed execs in 20 s, while two full test suites
-and other tests ran beside the Docker tests; never with the Docker tests alone): a watcher saw
-a running, confined container lose both mounts, the ext4 on its layer folder and the overlay
-under it, 13 s before the first failed exec and 22 s before the container stopped; dockerd
-only unmounts a container's overlay when it stops. So something detached the layer's file
-system from the host's mount namespace while the container ran; what, is not found yet.
+It is on unless `CLOTHO_DOCKER_QUOTA=0`. It was off for a while because `docker exec` into
+confined containers failed in bursts with runc's "error starting setns process: fork/exec
+/proc/self/exe: no such file or directory": runc starts an exec's process in the container's
+root folder on the host, and that folder was gone. The cause: slirp4netns' sandbox (the
+local backend's networking) made only `/` private in its new mount namespace and then
+detached its old root, and dockerd's root is a shared mount, so each networked local sandbox
+unmounted every container's root on the host (with this file system, the folder under it
+too). slirp4netns now runs in a mount namespace made private throughout, and the file system
+here is made private when mounted, so no other process's detach reaches it
+(`tests/test_slirp_host_mounts.py` fails without either).
 """
 
 from __future__ import annotations
@@ -82,8 +81,8 @@ async def confine(container: Any, storage_mb: int) -> quota.Disk | None:
     `storage_mb`, its inode limit to match; None (said once) where that cannot be done, a
     SandboxError where it should work and failed (the limit is not silently weakened)."""
     reason = quota.unavailable()
-    if os.environ.get("CLOTHO_DOCKER_QUOTA") != "1":
-        reason = "off by default (CLOTHO_DOCKER_QUOTA=1 turns it on; see the module docstring)"
+    if os.environ.get("CLOTHO_DOCKER_QUOTA") == "0":
+        reason = "turned off (CLOTHO_DOCKER_QUOTA=0)"
     layer: Path | None = None
     if reason is None:
         layer, reason = layer_dir(await container.show())
