@@ -23,7 +23,7 @@ from clotho.cli.sft_options import (
     SftTokenizerOpt,
     load_sft_tokenizer,
     print_sft,
-    sft_from_flags,
+    sft_from_params,
 )
 from clotho.env.driver import produce_groups
 from clotho.env.scored import ScoredGroup
@@ -103,15 +103,7 @@ def process_command(
 
     with user_errors(console):
         flags = opt.overrides(process_command, locals())  # the parameters, nothing else yet
-        sft = sft_from_flags(
-            sft_out,
-            format=sft_format,
-            min_reward=sft_min_reward,
-            keep_all=sft_all,
-            errors=sft_errors,
-            tokenizer=sft_tokenizer,
-            dedup=sft_dedup,
-        )
+        sft = sft_from_params(locals())
 
     if max_items:
         n_groups = min(n_groups, max_items)

@@ -26,7 +26,7 @@ from clotho.cli.sft_options import (
     SftTokenizerOpt,
     load_sft_tokenizer,
     print_sft,
-    sft_from_flags,
+    sft_from_params,
 )
 from clotho.errors import UNSCORED_KINDS, ConfigError
 from clotho.runs.eval import run_eval
@@ -245,15 +245,7 @@ def eval_command(
         flags = opt.overrides(eval_command, locals())  # the parameters, nothing else yet
         if wandb:
             require_wandb()
-        sft = sft_from_flags(
-            sft_out,
-            format=sft_format,
-            min_reward=sft_min_reward,
-            keep_all=sft_all,
-            errors=sft_errors,
-            tokenizer=sft_tokenizer,
-            dedup=sft_dedup,
-        )
+        sft = sft_from_params(locals())
         sft_tok = load_sft_tokenizer(sft)
         data = opt.config_data(config, flags, set_)
         if resume:

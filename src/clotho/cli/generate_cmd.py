@@ -31,7 +31,7 @@ from clotho.cli.sft_options import (
     SftTokenizerOpt,
     load_sft_tokenizer,
     print_sft,
-    sft_from_flags,
+    sft_from_params,
 )
 from clotho.errors import ConfigError
 from clotho.runs.generate_stats import STATS, TRAJECTORIES, GenerateStats
@@ -224,15 +224,7 @@ def generate_command(
         flags = opt.overrides(generate_command, locals())  # the parameters, nothing else yet
         if wandb:
             require_wandb()
-        sft = sft_from_flags(
-            sft_out,
-            format=sft_format,
-            min_reward=sft_min_reward,
-            keep_all=sft_all,
-            errors=sft_errors,
-            tokenizer=sft_tokenizer,
-            dedup=sft_dedup,
-        )
+        sft = sft_from_params(locals())
         sft_tok = load_sft_tokenizer(sft)
         items = read_prompts(prompts)
         data = opt.config_data(config, {"paths": [], "agent": "llm", **flags}, set_)

@@ -188,7 +188,7 @@ Network = Annotated[
         "--network/--no-network",
         help="let sandboxes have a network (the local backend's is guarded: the host's own "
         "services stay out of reach): a Harbor task's only when it asks "
-        "([environment] allow_internet = true), other formats' always (default: off; a "
+        "(\\[environment] allow_internet = true), other formats' always (default: off; a "
         "task that asks is then refused)",
         rich_help_panel=SANDBOX,
     ),

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -129,6 +130,19 @@ def sft_from_flags(
         errors=errors,
         tokenizer=tokenizer,
         dedup=dedup,
+    )
+
+
+def sft_from_params(params: Mapping[str, Any]) -> SftOptions | None:
+    """`sft_from_flags` of a command's parameters (the `Sft*Opt` ones, by their names)."""
+    return sft_from_flags(
+        params["sft_out"],
+        format=params["sft_format"],
+        min_reward=params["sft_min_reward"],
+        keep_all=params["sft_all"],
+        errors=params["sft_errors"],
+        tokenizer=params["sft_tokenizer"],
+        dedup=params["sft_dedup"],
     )
 
 
