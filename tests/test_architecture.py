@@ -43,13 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 # (importing module, imported package): known upward imports, each to be removed.
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    # `build_agent` makes an installed agent by name and `llm_agent` is beside it; the
-    # installed agents implement `Agent` (agent.base, agent.result), so the factory belongs
-    # above both (or installed agents register with agent/, as sandbox kinds do). The
-    # factory is being changed by the installed-agents work: moved with it.
-    ("clotho.agent.factory", "installed_agents"): "agent factory builds installed agents",
-}
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 # Modules that are one backend's own: only sandbox/ imports them (callers go through
 # `clotho.sandbox`, the config registry and the `Sandbox` contract).

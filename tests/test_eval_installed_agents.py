@@ -139,8 +139,8 @@ async def test_eval_mini_swe_agent_that_does_not_fix_fails(tmp_path: Path) -> No
 
 
 def test_the_agent_choice_is_the_registry() -> None:
-    from clotho.agent.factory import agent_kinds
     from clotho.installed_agents import agent_names
+    from clotho.rollout.agents import agent_kinds
 
     assert agent_kinds() == ["llm", "oracle", "nop", *agent_names()]
     with pytest.raises(ValueError, match="unknown agent 'nope'"):
@@ -279,9 +279,9 @@ async def test_build_agent_gives_one_gateway_for_the_run_closed_with_it() -> Non
     the object the run closes at its end, which stops the gateway's listeners first."""
     import httpx
 
-    from clotho.agent.factory import build_agent
     from clotho.chat.client import ModelConfig
     from clotho.installed_agents import InstalledAgentRunner
+    from clotho.rollout.agents import build_agent
 
     model = ModelConfig(model="scripted-model", base_url="http://127.0.0.1:9/v1", api_key_env=None)
     agent, closing = await build_agent("mini-swe-agent", model, None, max_turns=7)

@@ -12,7 +12,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clotho.agent.factory import agent_kinds
 from clotho.cli import options as opt
 from clotho.cli.resume import resumed_run
 from clotho.cli.running import run_async, user_errors
@@ -29,6 +28,7 @@ from clotho.cli.sft_options import (
     sft_from_params,
 )
 from clotho.errors import UNSCORED_KINDS, ConfigError
+from clotho.rollout.agents import agent_kinds
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialRecord
 from clotho.runs.tracking import require_wandb, track_run

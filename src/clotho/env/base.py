@@ -17,7 +17,6 @@ import random
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
-from clotho.agent.factory import llm_agent
 from clotho.agent.llm import LLMAgent
 from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
@@ -39,6 +38,7 @@ from clotho.rollout import (
     run_retried,
     run_rollout,
 )
+from clotho.rollout.agents import llm_agent
 from clotho.rollout.run import RetryBudget
 from clotho.sandbox import EnvironmentSpec, PreparedEnvironment, Sandbox, SandboxConfig
 from clotho.sandbox.backends import missing_extra

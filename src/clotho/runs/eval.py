@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clotho.agent.base import Agent
-from clotho.agent.factory import build_agent as build_named_agent
 from clotho.chat.models import Model
 from clotho.errors import ErrorInfo
 from clotho.rollout import RolloutOutcome, run_retried, run_rollout
+from clotho.rollout.agents import build_agent as build_named_agent
 from clotho.runs.metrics import compute_metrics
 from clotho.runs.plan import EvalPlan, plan_eval
 from clotho.runs.records import EvalConfig, RunMetrics, TrialDetail, TrialRecord

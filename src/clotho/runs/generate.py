@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from clotho.agent.base import Agent
-from clotho.agent.factory import llm_agent
 from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
 from clotho.chat.ledger import TokenSequence
@@ -40,6 +39,7 @@ from clotho.chat.models import Model, ModelSession, build_model
 from clotho.chat.types import ModelTurn
 from clotho.errors import ConfigError, ErrorInfo
 from clotho.rollout import RolloutOutcome, RolloutSpec, VerifierOutcome, run_retried, run_rollout
+from clotho.rollout.agents import llm_agent
 from clotho.rollout.run import SETUP_MARGIN_S
 from clotho.runs import files
 from clotho.runs.eval import Recorder

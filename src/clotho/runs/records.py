@@ -84,7 +84,7 @@ class EvalConfig(BaseModel):
     @field_validator("agent")
     @classmethod
     def _known_agent(cls, value: str) -> str:
-        from clotho.agent.factory import agent_kinds
+        from clotho.rollout.agents import agent_kinds
 
         known = agent_kinds()
         if value not in known:
