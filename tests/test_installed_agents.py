@@ -171,13 +171,14 @@ async def test_an_install_is_made_once_and_only_used_when_finished(
 
     calls: list[list[str]] = []
 
-    async def fake_pip(agent: str, argv: list[str]) -> None:
+    async def fake_pip(agent: str, tool: str, argv: list[str], cwd: Path | None = None) -> None:
+        assert tool == "pip"
         calls.append(argv)
         site = Path(argv[argv.index("--target") + 1])
         (site / "pkg-1.0.dist-info").mkdir(parents=True, exist_ok=True)
         (site / "pkg.py").write_text("X = 1\n")
 
-    monkeypatch.setattr(base, "_run", fake_pip)
+    monkeypatch.setattr(base, "run_installer", fake_pip)
     first = await base.pip_install("demo", "1.0", ["pkg==1.0"], python="3.11", cache_dir=tmp_path)
     assert first.root == tmp_path / "agents" / "demo-1.0-py3.11"
     assert first.stamp.installed == ["pkg==1.0"] and first.stamp.bytes == 6

@@ -26,7 +26,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -176,15 +176,50 @@ async def pip_install(
     no_deps: Sequence[str] = (),
 ) -> AgentInstall:
     """`requirements` (pinned) installed with pip as wheels for CPython `python` on x86-64
-    Linux into `cache_dir/agents/<agent>-<version>-py<python>/site`, once: a lock makes
-    concurrent runs wait for the first, the stamp is written last and the folder renamed into
-    place, so a half-made install is never used. `no_deps` are installed without their own
+    Linux into `cache_dir/agents/<agent>-<version>-py<python>/site`, once (`cached_install`).
+    `no_deps` are installed without their own
     dependencies (for a package whose full set holds what a headless run never imports).
     Modules are byte-compiled here (by the host's python: used where the sandbox's has the
     same minor version), so an agent that imports litellm starts in seconds, not twenty."""
+
+    async def build(work: Path) -> tuple[list[str], list[str]]:
+        platform = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64",
+                    "linux_x86_64"]  # fmt: skip
+        base = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                "--target", str(work / "site"), "--only-binary=:all:",
+                "--implementation", "cp", "--python-version", python]  # fmt: skip
+        for tag in platform:
+            base += ["--platform", tag]
+        if no_deps:
+            await run_installer(agent, "pip", [*base, "--no-deps", *no_deps])
+            await run_installer(agent, "pip", [*base, "--upgrade", *requirements])
+        else:
+            await run_installer(agent, "pip", [*base, *requirements])
+        installed = sorted(
+            f"{p.name.removesuffix('.dist-info').replace('-', '==', 1)}"
+            for p in (work / "site").glob("*.dist-info")
+        )
+        return [*no_deps, *requirements], installed
+
+    return await cached_install(agent, version, python, f"{agent}-{version}-py{python}",
+                                cache_dir, build)  # fmt: skip
+
+
+async def cached_install(
+    agent: str,
+    version: str,
+    python: str,
+    name: str,
+    cache_dir: Path,
+    build: Callable[[Path], Awaitable[tuple[list[str], list[str]]]],
+) -> AgentInstall:
+    """The install `cache_dir/agents/<name>`, made once by `build(work)` (which fills
+    `work/site` and returns the requirements asked for and the packages installed): a lock
+    makes concurrent runs wait for the first, the stamp is written last and the folder
+    renamed into place, so a half-made install is never used."""
     folder = cache_dir / "agents"
     folder.mkdir(parents=True, exist_ok=True)
-    root = folder / f"{agent}-{version}-py{python}"
+    root = folder / name
     found = _read_stamp(root)
     if found is not None:
         return AgentInstall(root, found)
@@ -196,31 +231,16 @@ async def pip_install(
             return AgentInstall(root, found)
         work = folder / f".{root.name}.partial"
         await asyncio.to_thread(shutil.rmtree, work, True)
+        work.mkdir(parents=True)
         started = time.monotonic()
-        platform = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64",
-                    "linux_x86_64"]  # fmt: skip
-        base = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                "--target", str(work / "site"), "--only-binary=:all:",
-                "--implementation", "cp", "--python-version", python]  # fmt: skip
-        for tag in platform:
-            base += ["--platform", tag]
-        if no_deps:
-            await _run(agent, [*base, "--no-deps", *no_deps])
-            await _run(agent, [*base, "--upgrade", *requirements])
-        else:
-            await _run(agent, [*base, *requirements])
-        installed = sorted(
-            f"{p.name.removesuffix('.dist-info').replace('-', '==', 1)}"
-            for p in (work / "site").glob("*.dist-info")
-        )
-        size = await asyncio.to_thread(_tree_bytes, work / "site")
+        requirements, installed = await build(work)
         stamp = InstallStamp(
             agent=agent,
             version=version,
             python=python,
-            requirements=[*no_deps, *requirements],
+            requirements=requirements,
             installed=installed,
-            bytes=size,
+            bytes=await asyncio.to_thread(_tree_bytes, work / "site"),
             seconds=time.monotonic() - started,
         )
         (work / "install.json").write_text(stamp.model_dump_json(indent=2))
@@ -243,9 +263,11 @@ def _tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-async def _run(agent: str, argv: list[str]) -> None:
+async def run_installer(agent: str, tool: str, argv: list[str], cwd: Path | None = None) -> None:
+    """Run an installer (`tool`: pip, npm); its failure is infra, with its output's end."""
     process = await asyncio.create_subprocess_exec(
         *argv,
+        cwd=cwd,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
@@ -253,7 +275,7 @@ async def _run(agent: str, argv: list[str]) -> None:
     output, _ = await process.communicate()
     if process.returncode != 0:
         tail = output.decode(errors="replace")[-2000:]
-        raise InfraError(f"installing the {agent} agent failed (pip): {tail}")
+        raise InfraError(f"installing the {agent} agent failed ({tool}): {tail}")
 
 
 # --- in the sandbox -----------------------------------------------------------------------
