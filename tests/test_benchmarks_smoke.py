@@ -251,6 +251,7 @@ def test_eval_oracle_docker() -> None:
 SMOKE_TESTS = {
     "clotho bench sandbox": "tests/test_bench_sandbox.py",
     "clotho bench parsers": "tests/test_bench_parsers.py",
+    "clotho bench agents": "tests/test_bench_agents.py",
     "clotho bench scale": "test_bench_scale",
     "clotho bench view": "test_bench_view",
     "clotho bench swe": "test_bench_swe_local",

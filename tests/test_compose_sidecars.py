@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -236,7 +237,7 @@ def test_sidecars_on_a_backend_that_cannot_run_them_are_a_task_error(make_task) 
 
 def test_local_eval_of_a_sidecar_task_is_a_task_error_not_a_run(make_task, tmp_path) -> None:
     kv_task(make_task)
-    out = tmp_path / "run"
+    out = run_folder(tmp_path)
     proc = _clotho("eval", str(tmp_path / "tasks"), "--agent", "oracle", "--out", str(out))
     (record,) = _results(out)
     assert record["error"]["kind"] == "task", (record, proc.stderr)
@@ -259,6 +260,13 @@ def _clotho(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
 def _results(out: Path) -> list[dict]:
     path = out / "results.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_folder(tmp_path: Path) -> Path:
+    """A run folder whose name no other run on this daemon has (containers are found by the
+    run label, which starts with the folder's name: a test suite running beside this one has
+    the same `tmp_path` names)."""
+    return tmp_path / f"run-{secrets.token_hex(6)}"
 
 
 def _run_containers(out: Path) -> list[str]:
@@ -302,7 +310,7 @@ def test_a_sidecar_that_never_gets_healthy_is_a_task_error_naming_it(
         "retries: 60", "retries: 2"
     )
     kv_task(make_task, "sick", compose)
-    out = tmp_path / "run"
+    out = run_folder(tmp_path)
     proc = _clotho(
         "eval", str(tmp_path / "tasks"), "--agent", "oracle", "--sandbox", "docker",
         "--out", str(out),
@@ -377,7 +385,7 @@ def _start_run(task: Path, out: Path) -> subprocess.Popen[bytes]:
 
 @requires_docker
 def test_ctrl_c_removes_the_sidecar_with_its_sandbox(make_task, tmp_path: Path) -> None:
-    out = tmp_path / "run"
+    out = run_folder(tmp_path)
     proc = _start_run(kv_task(make_task, "interrupted"), out)
     try:
         proc.send_signal(signal.SIGINT)
@@ -396,7 +404,7 @@ def test_the_tests_reach_the_sidecar_beside_the_agents_services(make_task, tmp_p
     agent's services keep serving): the twin sees the sidecar by its name too."""
     task = kv_task(make_task, "with-service")
     (task / "solution" / "solve.sh").write_text(f"{SOLVE}nohup sleep 600 >/dev/null 2>&1 &\n")
-    out = tmp_path / "run"
+    out = run_folder(tmp_path)
     proc = _clotho(
         "eval", str(task), "--agent", "oracle", "--sandbox", "docker", "--out", str(out),
     )  # fmt: skip
@@ -411,7 +419,7 @@ def test_gc_removes_a_killed_runs_sidecar(make_task, tmp_path: Path) -> None:
     """`clotho sandbox ls` lists a sidecar beside its sandbox; a run SIGKILLed while its
     sidecar serves (no exit cleanup runs) leaves nothing once `clotho sandbox gc` ran: the
     sidecar is found by its dead owner and removed with its sandbox."""
-    out = tmp_path / "run"
+    out = run_folder(tmp_path)
     proc = _start_run(kv_task(make_task, "left"), out)
     try:
         # Listed while its run is alive (an orphan may be reaped by any clotho process's
