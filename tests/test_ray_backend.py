@@ -40,12 +40,27 @@ from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
 pytestmark = requires_bwrap
 
 
+def disconnect_driver() -> None:
+    """Before a cluster stops: a test that failed before closing its backend leaves this
+    process connected to it, and Ray ends a driver whose cluster went away (exit 1, a minute
+    later): the whole test session, with no summary. Nothing of this process may stay
+    connected, whatever failed."""
+    import ray
+
+    from clotho.sandbox.ray import backend as ray_backend
+
+    ray_backend._connections = 0
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
     started = LocalRayCluster(nodes=3).start()
     try:
         yield started
     finally:
+        disconnect_driver()
         started.stop()
         assert started.leftovers() == [], "Ray processes survived the cluster's stop"
 
@@ -289,6 +304,7 @@ async def test_a_host_that_never_starts_does_not_hold_the_driver_closing(
     (broken / "__init__.py").write_text("import time\ntime.sleep(10**6)\n")
     monkeypatch.setenv("PYTHONPATH", str(broken.parent))  # the cluster's processes alone
     stuck = LocalRayCluster(nodes=1)
+    waiting: asyncio.Future[object] | None = None
     try:
         stuck.start()
         monkeypatch.delenv("PYTHONPATH")
@@ -300,9 +316,11 @@ async def test_a_host_that_never_starts_does_not_hold_the_driver_closing(
         await asyncio.wait_for(backend.aclose(), 120)
         assert host.ready.cancelled(), "the close waited for the start to time out"
         assert not host.answered
-        waiting.cancel()
-        await asyncio.gather(waiting, return_exceptions=True)
     finally:
+        if waiting is not None:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+        disconnect_driver()
         stuck.stop()
     assert stuck.leftovers() == []
 
