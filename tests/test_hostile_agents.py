@@ -123,6 +123,13 @@ async def _attempt(make_task, config: SandboxConfig, attack: str, test_sh: str =
 async def test_forged_passes_score_zero(make_task, config: SandboxConfig, attack: str) -> None:
     outcome, _ = await _attempt(make_task, config, FORGERIES[attack])
     assert not outcome.passed
+    if outcome.error is not None and "rewriter" in attack:
+        # A loop forking a child a moment: on a loaded machine one of them was seen running
+        # through every hold pass (about 1 run in 6), and holding is then `tamper`. Both are
+        # scored 0, which is what this test is about; the hold's flake is in the notes.
+        assert outcome.error.kind == "tamper", outcome.error
+        assert "kept running after the agent was held" in outcome.error.message
+        return
     assert outcome.error is None and outcome.reward == 0.0, outcome.error
 
 
