@@ -54,10 +54,14 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests
 
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
+# CLOTHO_TEST_DEADLINE (epoch seconds, set by .ci/run) ends the session in time to print
+# its summary and slowest tests rather than being killed mid-line.
 test: system-deps docker-deps $(STAMP) lint
 	@bash scripts/atropos-venv.sh $(ATROPOS_VENV)
 	@bash scripts/build-swe-examples.sh $(BIN)/python
-	@CLOTHO_ATROPOS_VENV=$(ATROPOS_VENV) $(BIN)/pytest -q -ra; rc=$$?; \
+	@budget=""; if [ -n "$${CLOTHO_TEST_DEADLINE:-}" ]; then \
+	  budget="--session-timeout=$$(( CLOTHO_TEST_DEADLINE - $$(date +%s) ))"; echo "pytest $$budget"; fi; \
+	  CLOTHO_ATROPOS_VENV=$(ATROPOS_VENV) $(BIN)/pytest -q -ra --durations=30 $$budget; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean:
