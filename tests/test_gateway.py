@@ -6,27 +6,26 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from tests.gateway_helpers import REAL_KEY, assert_host_key_only, open_trial, sdk_for
 from tests.scripted_openai import (
     HTTPError,
     Reply,
     ScriptedOpenAIServer,
     assistant,
-    fast_config,
     tool_call,
     usage,
 )
 
-from clotho.chat import ChatClient
 from clotho.errors import AgentLimit
-from clotho.gateway import Gateway, GatewayLimits, GatewayRecord, GatewayTrial, Listener
+from clotho.gateway import Gateway, GatewayLimits, GatewayRecord, GatewayTrial
 
-REAL_KEY = "sk-real-provider-key-never-in-a-sandbox"
+pytest_plugins = ("tests.gateway_fixtures",)  # scripted, gateway
+
 BASH_TOOL = {
     "type": "function",
     "function": {
@@ -35,35 +34,6 @@ BASH_TOOL = {
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
     },
 }
-
-
-@pytest.fixture
-def scripted() -> Iterator[ScriptedOpenAIServer]:
-    with ScriptedOpenAIServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def gateway(scripted: ScriptedOpenAIServer) -> AsyncIterator[Gateway]:
-    client = ChatClient(fast_config(scripted.base_url, max_retries=1), api_key=REAL_KEY)
-    gw = Gateway(client, model_name="scripted-model")
-    try:
-        yield gw
-    finally:
-        await gw.aclose()
-        await client.aclose()
-
-
-async def _trial(
-    gateway: Gateway, limits: GatewayLimits | None = None
-) -> tuple[GatewayTrial, Listener]:
-    trial = gateway.open_trial(limits)
-    return trial, await gateway.listen_tcp(trial=trial)
-
-
-def _sdk(listener: Listener, trial: GatewayTrial) -> openai.AsyncOpenAI:
-    assert listener.url is not None
-    return openai.AsyncOpenAI(base_url=listener.url + "/v1", api_key=trial.token, max_retries=0)
 
 
 def _sse_data(text: str) -> list[dict[str, Any]]:
@@ -84,8 +54,8 @@ async def test_openai_tool_call_is_forwarded_answered_and_recorded(
         Reply(assistant("let me look", [tool_call("bash", {"cmd": "ls"})]), usage=usage(12, 7)),
         Reply(assistant("done"), usage=usage(30, 2)),
     ]
-    trial, listener = await _trial(gateway)
-    sdk = _sdk(listener, trial)
+    trial, listener = await open_trial(gateway)
+    sdk = sdk_for(listener, trial)
     first = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "list"}]
     reply = await sdk.chat.completions.create(
         model="gpt-whatever", messages=first, tools=[BASH_TOOL], temperature=0.2
@@ -110,8 +80,7 @@ async def test_openai_tool_call_is_forwarded_answered_and_recorded(
     assert scripted.requests[0]["messages"][0] == {"role": "system", "content": "be brief"}
     assert scripted.requests[0]["tools"] == [BASH_TOOL]
     assert scripted.requests[1]["messages"][-1]["content"] == "a.txt"
-    assert [h["authorization"] for h in scripted.headers] == [f"Bearer {REAL_KEY}"] * 2
-    assert trial.token not in json.dumps(scripted.requests) + json.dumps(scripted.headers)
+    assert_host_key_only(scripted, trial, calls=2)
 
     record = gateway.close_trial(trial)
     assert record.turns == 2
@@ -137,8 +106,8 @@ async def test_openai_stream_carries_the_recorded_reply(
             usage=usage(5, 4),
         )
     ]
-    trial, listener = await _trial(gateway)
-    stream = await _sdk(listener, trial).chat.completions.create(
+    trial, listener = await open_trial(gateway)
+    stream = await sdk_for(listener, trial).chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": [{"type": "text", "text": "where am I"}]}],
         tools=[BASH_TOOL],
@@ -185,7 +154,7 @@ async def test_anthropic_messages_with_tools_round_trip(
         Reply(assistant("", [tool_call("bash", {"cmd": "cat a"}, id="up_1")]), usage=usage(9, 3)),
         Reply(assistant("the file says hi"), usage=usage(20, 5)),
     ]
-    trial, listener = await _trial(gateway)
+    trial, listener = await open_trial(gateway)
     tools = [{"name": "bash", "description": "run", "input_schema": {"type": "object"}}]
     first = {
         "model": "claude-x",
@@ -268,7 +237,7 @@ async def test_only_the_trials_own_token_reaches_the_model(
     gateway: Gateway, scripted: ScriptedOpenAIServer
 ) -> None:
     scripted.default = assistant("ok")
-    trial, listener = await _trial(gateway)
+    trial, listener = await open_trial(gateway)
     other = gateway.open_trial()
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     async with httpx.AsyncClient(base_url=str(listener.url)) as http:
@@ -302,8 +271,8 @@ async def test_turn_limit_refuses_the_next_call_without_forwarding(
     gateway: Gateway, scripted: ScriptedOpenAIServer
 ) -> None:
     scripted.default = assistant("again")
-    trial, listener = await _trial(gateway, GatewayLimits(max_turns=2))
-    sdk = _sdk(listener, trial)
+    trial, listener = await open_trial(gateway, GatewayLimits(max_turns=2))
+    sdk = sdk_for(listener, trial)
     messages = [{"role": "user", "content": "go"}]
     for _ in range(2):
         await sdk.chat.completions.create(model="m", messages=messages)
@@ -324,7 +293,7 @@ async def test_token_budget_counts_usage_and_refuses_past_it(
     gateway: Gateway, scripted: ScriptedOpenAIServer
 ) -> None:
     scripted.script = [Reply(assistant("a"), usage=usage(60, 10)), Reply(assistant("b"))]
-    trial, listener = await _trial(gateway, GatewayLimits(max_tokens=50))
+    trial, listener = await open_trial(gateway, GatewayLimits(max_tokens=50))
     async with httpx.AsyncClient(base_url=str(listener.url)) as http:
         body = {"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
         first = await http.post("/v1/messages", json=body, headers={"x-api-key": trial.token})
@@ -348,8 +317,8 @@ async def test_wall_clock_cuts_a_call_in_flight_and_refuses_later_ones(
         return assistant("too late")
 
     scripted.script = [never_in_time]
-    trial, listener = await _trial(gateway, GatewayLimits(timeout_s=0.5))
-    sdk = _sdk(listener, trial)
+    trial, listener = await open_trial(gateway, GatewayLimits(timeout_s=0.5))
+    sdk = sdk_for(listener, trial)
     messages = [{"role": "user", "content": "slow"}]
     try:
         with pytest.raises(openai.AuthenticationError, match="time limit"):
@@ -373,9 +342,9 @@ async def test_a_failing_model_is_a_502_counted_as_infra(
     gateway: Gateway, scripted: ScriptedOpenAIServer
 ) -> None:
     scripted.default = HTTPError(500)
-    trial, listener = await _trial(gateway)
+    trial, listener = await open_trial(gateway)
     with pytest.raises(openai.InternalServerError) as caught:
-        await _sdk(listener, trial).chat.completions.create(
+        await sdk_for(listener, trial).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}]
         )
     assert caught.value.status_code == 502
@@ -389,7 +358,7 @@ async def test_a_failing_model_is_a_502_counted_as_infra(
 async def test_bad_requests_are_refused_and_recorded(
     gateway: Gateway, scripted: ScriptedOpenAIServer
 ) -> None:
-    trial, listener = await _trial(gateway, GatewayLimits(max_request_bytes=4096))
+    trial, listener = await open_trial(gateway, GatewayLimits(max_request_bytes=4096))
     headers = _bearer(trial)
     async with httpx.AsyncClient(base_url=str(listener.url)) as http:
         huge = {"model": "m", "messages": [{"role": "user", "content": "x" * 10_000}]}

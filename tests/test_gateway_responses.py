@@ -7,25 +7,18 @@ forwarded to the run's model as a chat conversation, the reply recorded as the a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from tests.scripted_openai import (
-    Reply,
-    ScriptedOpenAIServer,
-    assistant,
-    fast_config,
-    tool_call,
-    usage,
-)
+from tests.gateway_helpers import assert_host_key_only, open_trial, sdk_for
+from tests.scripted_openai import Reply, ScriptedOpenAIServer, assistant, tool_call, usage
 
-from clotho.chat import ChatClient
 from clotho.gateway import Gateway, GatewayLimits, GatewayRecord, GatewayTrial, Listener
 
-REAL_KEY = "sk-real-provider-key-never-in-a-sandbox"
+pytest_plugins = ("tests.gateway_fixtures",)  # scripted, gateway
+
 SHELL_TOOL = {
     "type": "function",
     "name": "shell",
@@ -43,31 +36,11 @@ FORWARDED_TOOL = {
 }
 
 
-@pytest.fixture
-def scripted() -> Iterator[ScriptedOpenAIServer]:
-    with ScriptedOpenAIServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def gateway(scripted: ScriptedOpenAIServer) -> AsyncIterator[Gateway]:
-    client = ChatClient(fast_config(scripted.base_url, max_retries=1), api_key=REAL_KEY)
-    gw = Gateway(client, model_name="scripted-model")
-    try:
-        yield gw
-    finally:
-        await gw.aclose()
-        await client.aclose()
-
-
 async def _sdk(
     gateway: Gateway, limits: GatewayLimits | None = None
 ) -> tuple[GatewayTrial, Listener, openai.AsyncOpenAI]:
-    trial = gateway.open_trial(limits)
-    listener = await gateway.listen_tcp(trial=trial)
-    assert listener.url is not None
-    sdk = openai.AsyncOpenAI(base_url=listener.url + "/v1", api_key=trial.token, max_retries=0)
-    return trial, listener, sdk
+    trial, listener = await open_trial(gateway, limits)
+    return trial, listener, sdk_for(listener, trial)
 
 
 async def test_function_call_round_trip_is_forwarded_and_recorded(
@@ -120,8 +93,7 @@ async def test_function_call_round_trip_is_forwarded_and_recorded(
     assert sent[3]["role"] == "assistant" and sent[3]["content"] == "let me look"
     assert sent[3]["tool_calls"][0]["id"] == calls[0].call_id
     assert sent[4] == {"role": "tool", "tool_call_id": calls[0].call_id, "content": "a.txt"}
-    assert [h["authorization"] for h in scripted.headers] == [f"Bearer {REAL_KEY}"] * 2
-    assert trial.token not in json.dumps(scripted.requests) + json.dumps(scripted.headers)
+    assert_host_key_only(scripted, trial, calls=2)
 
     record = gateway.close_trial(trial)
     assert [e.api for e in record.exchanges] == ["openai-responses"] * 2

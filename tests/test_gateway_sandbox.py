@@ -9,23 +9,24 @@ import os
 import shlex
 import shutil
 import stat
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.docker_probe import requires_docker
 from tests.sandbox_fixtures import requires_bwrap
-from tests.scripted_openai import Reply, ScriptedOpenAIServer, assistant, fast_config, usage
+from tests.scripted_openai import Reply, ScriptedOpenAIServer, assistant, usage
 
-from clotho.chat import ChatClient
 from clotho.errors import TaskError
 from clotho.gateway import Gateway, GatewayLimits, GatewayTrial
 from clotho.gateway.channel import link_sandbox, socket_place
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.local.bwrap import BwrapSandbox
 
-pytest_plugins = ("tests.sandbox_fixtures",)  # bwrap_sandbox, docker_sandbox, root_mode
+pytest_plugins = (
+    "tests.sandbox_fixtures",  # bwrap_sandbox, docker_sandbox, root_mode
+    "tests.gateway_fixtures",  # scripted, gateway
+)
 
 # What an agent in the sandbox runs: a stdlib HTTP client (the images have python3, not
 # always curl). argv: URL, path, JSON body; the token comes from the environment.
@@ -42,23 +43,6 @@ except urllib.error.HTTPError as exc:
     print(exc.code)
     print(exc.read().decode())
 """
-
-
-@pytest.fixture
-def scripted() -> Iterator[ScriptedOpenAIServer]:
-    with ScriptedOpenAIServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def gateway(scripted: ScriptedOpenAIServer) -> AsyncIterator[Gateway]:
-    client = ChatClient(fast_config(scripted.base_url, max_retries=1))
-    gw = Gateway(client, model_name="scripted-model")
-    try:
-        yield gw
-    finally:
-        await gw.aclose()
-        await client.aclose()
 
 
 async def _call(
