@@ -16,7 +16,8 @@ from clotho.cli.eval_cmd import eval_command
 from clotho.cli.main import app
 from clotho.env.config import EnvConfig
 from clotho.runs.records import EvalConfig
-from clotho.sandbox.config import LocalSandboxConfig, register, sandbox_kinds, unregister
+from clotho.sandbox import LocalSandboxConfig
+from clotho.sandbox.config import register, sandbox_kinds, unregister
 
 COMMANDS = ("eval", "generate", "process", "serve", "evaluate")
 # The options of clotho/cli/options.py (and sft_options.py) more than one command takes.

@@ -23,8 +23,8 @@ from tests.docker_probe import DOCKER_PROBLEM, requires_docker
 from tests.support import wait_until, wait_until_sync
 
 from clotho.errors import TaskError
+from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig
 from clotho.sandbox.backends import EnvironmentSpec, check_sidecars
-from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig
 from clotho.tasks.compose import sidecar_specs
 from clotho.tasks.environment import environment_spec
 from clotho.tasks.harbor import load_task

@@ -44,7 +44,7 @@ from clotho.envs.endless_spec import (
 )
 from clotho.errors import ConfigError, ErrorInfo, InfraError, ModelError, TaskError
 from clotho.rollout import RolloutOutcome
-from clotho.sandbox.config import DockerSandboxConfig, UnsafeLocalSandboxConfig
+from clotho.sandbox import DockerSandboxConfig, UnsafeLocalSandboxConfig
 from clotho.tasks.harbor import load_task
 
 pytestmark = requires_bwrap

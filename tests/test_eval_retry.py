@@ -17,7 +17,7 @@ from clotho.rollout.run import RetryBudget
 from clotho.runs.eval import run_eval
 from clotho.runs.records import EvalConfig, TrialRecord
 from clotho.runs.schedule import retry_budget
-from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox import LocalSandboxConfig
 from clotho.sandbox.host import cgroups
 from clotho.sandbox.local.backend import LocalBackend
 

@@ -28,8 +28,12 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (make te
 from clotho.errors import ConfigError  # noqa: E402
 from clotho.runs.eval import run_eval  # noqa: E402
 from clotho.runs.records import EvalConfig, TrialRecord  # noqa: E402
-from clotho.sandbox import PoolConfig, SlotPool  # noqa: E402
-from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig  # noqa: E402
+from clotho.sandbox import (  # noqa: E402
+    DockerSandboxConfig,
+    LocalSandboxConfig,
+    PoolConfig,
+    SlotPool,
+)
 from clotho.sandbox.host.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT  # noqa: E402
 from clotho.sandbox.local.netguard import address_rule  # noqa: E402
 from clotho.sandbox.ray import HostLost, RayBackend, RaySandbox  # noqa: E402

@@ -25,8 +25,7 @@ import pytest
 from tests.sandbox_fixtures import requires_bwrap
 from tests.support import PATIENCE_S
 
-from clotho.sandbox import open_sandbox
-from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.host.leases import STATE_PREFIX
 from clotho.sandbox.host.trees import remove_tree
 from clotho.sandbox.local.bwrap import BwrapSandbox
@@ -119,7 +118,7 @@ async def test_gc_removes_what_a_killed_run_left(tmp_path: Path) -> None:
             f"""
             import asyncio, os, signal
             from clotho.sandbox import open_sandbox
-            from clotho.sandbox.config import LocalSandboxConfig
+            from clotho.sandbox import LocalSandboxConfig
 
             async def main():
                 sb = await open_sandbox(LocalSandboxConfig(state_dir={str(state)!r}), {{}})

@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 from tests.sandbox_fixtures import requires_bwrap
 
-from clotho.sandbox import open_sandbox
-from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.local.bwrap import BwrapSandbox
 from clotho.sandbox.ray.payload import pack, unpack
 from clotho.sandbox.ray.payload import remove_tree as remove_payload_tree

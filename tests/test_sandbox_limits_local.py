@@ -24,13 +24,13 @@ from tests.support import PATIENCE_S, wait_until
 from clotho.errors import LimitExceeded
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.backends import EnvironmentSpec
-from clotho.sandbox.config import DEFAULT_LOCAL_MEMORY_MB, DEFAULT_LOCAL_STORAGE_MB
 from clotho.sandbox.host import quota
 from clotho.sandbox.host.cgroups import available
 from clotho.sandbox.host.state import make_state_dir, remove_state_dir
 from clotho.sandbox.local import limits
 from clotho.sandbox.local.backend import LocalBackend
 from clotho.sandbox.local.bwrap import BwrapSandbox
+from clotho.sandbox.local.config import DEFAULT_LOCAL_MEMORY_MB, DEFAULT_LOCAL_STORAGE_MB
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.tasks.environment import environment_spec
 from clotho.tasks.harbor import load_task

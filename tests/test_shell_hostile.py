@@ -337,7 +337,7 @@ async def test_a_flood_on_stderr_while_stdout_is_awaited_keeps_memory_bounded(
 async def test_the_pool_discards_a_sandbox_whose_shell_protocol_broke(tmp_path: Path) -> None:
     """A real bubblewrap sandbox: the agent forges its command's end, the next call raises,
     and the pool's health check throws the sandbox away instead of handing it out again."""
-    from clotho.sandbox.config import LocalSandboxConfig
+    from clotho.sandbox import LocalSandboxConfig
     from clotho.sandbox.pool import PoolConfig, SlotPool
 
     config = LocalSandboxConfig(state_dir=str(tmp_path))

@@ -21,13 +21,13 @@ from tests.docker_probe import requires_docker
 from tests.test_eval_cli import clotho, results
 
 from clotho.errors import SandboxError, TaskError
-from clotho.sandbox import EnvironmentSpec
-from clotho.sandbox.backends import with_task_network
-from clotho.sandbox.config import (
+from clotho.sandbox import (
     DockerSandboxConfig,
+    EnvironmentSpec,
     LocalSandboxConfig,
     UnsafeLocalSandboxConfig,
 )
+from clotho.sandbox.backends import with_task_network
 from clotho.sandbox.remote_config import RaySandboxConfig
 from clotho.tasks.environment import environment_spec
 from clotho.tasks.harbor import load_task

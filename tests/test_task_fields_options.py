@@ -13,7 +13,7 @@ from tests.test_eval_cli import clotho, results
 
 from clotho.errors import ConfigError
 from clotho.runs.plan import DEFAULT_SKIPS_FILE, backend_names, default_skips
-from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig
+from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig
 from clotho.sandbox.remote_config import RaySandboxConfig
 
 pytestmark = requires_bwrap

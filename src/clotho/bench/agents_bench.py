@@ -183,8 +183,8 @@ async def _prepare_figures(
         expose_install,
         sandbox_python,
     )
-    from clotho.sandbox import open_sandbox
-    from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfigBase
+    from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, open_sandbox
+    from clotho.sandbox.config import SandboxConfigBase
 
     agent = installed_agent(name)
     mounts = [agents_mount(cache_dir)]

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox import LocalSandboxConfig
 from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.sandbox.ray.local_cluster import LocalRayCluster
 from clotho.sandbox.ray.payload import out_of_band

@@ -18,8 +18,8 @@ from pydantic import BaseModel, Field
 
 from clotho.bench.stats import latency_ms, percentile, pss_mb, throughput
 from clotho.errors import SandboxError
+from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.config import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from clotho.sandbox.factory import open_sandbox
 from clotho.sandbox.host.proctree import descendants
 from clotho.sandbox.local.bwrap import ro_root_args

@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable
 from pydantic import BaseModel, Field
 
 from clotho.bench.stats import percentile
-from clotho.sandbox import PoolConfig, Sandbox, SandboxConfig, SlotPool
-from clotho.sandbox.config import LocalSandboxConfig
+from clotho.sandbox import LocalSandboxConfig, PoolConfig, Sandbox, SandboxConfig, SlotPool
 
 COMMANDS = 12  # tool calls per rollout
 TARGET_COMMAND_OVERHEAD_MS = 1.0

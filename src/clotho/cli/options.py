@@ -28,7 +28,8 @@ from clotho.cli.config_io import apply_sets, load_config_file, merge
 from clotho.env.config import EnvConfig
 from clotho.errors import ConfigError
 from clotho.runs.records import EvalConfig
-from clotho.sandbox.config import LocalSandboxConfig, sandbox_kinds
+from clotho.sandbox import LocalSandboxConfig
+from clotho.sandbox.config import sandbox_kinds
 from clotho.sandbox.remote_config import CREATE_CAPPED, RaySandboxConfig
 
 MODEL = "Model"

@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from clotho.sandbox import LocalSandboxConfig
 from clotho.sandbox.backends import SandboxBackend, make_backend
-from clotho.sandbox.config import LocalSandboxConfig, config_type, sandbox_kinds
+from clotho.sandbox.config import config_type, sandbox_kinds
 from clotho.sandbox.host.leases import SLOT_ISOLATION, SLOTS, SandboxRecord, owner_alive
 
 app = typer.Typer(help="List and clean up sandboxes.", no_args_is_help=True)

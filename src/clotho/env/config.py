@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from clotho.chat.client import ModelConfig
-from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
+from clotho.sandbox import LocalSandboxConfig, SandboxConfig
 from clotho.sandbox.pool import PoolConfig
 from clotho.tools.builtin import ToolsConfig
 

@@ -17,7 +17,7 @@ from clotho.agent.result import AgentResult
 from clotho.chat.client import ModelConfig
 from clotho.errors import ErrorInfo
 from clotho.rollout import PhaseTimings, RolloutOutcome, VerifierOutcome
-from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
+from clotho.sandbox import LocalSandboxConfig, SandboxConfig
 from clotho.swe.instance import SweOptions
 from clotho.tools.builtin import ToolsConfig
 

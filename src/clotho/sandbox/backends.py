@@ -24,9 +24,7 @@ from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import clotho.sandbox.remote_config  # noqa: F401  (registers the cluster kinds: Ray, Modal, Nomad)
 from clotho.errors import TaskError
-from clotho.sandbox import ssh as _ssh  # noqa: F401  (registers the ssh kind)
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import (
     SandboxConfig,

@@ -1,19 +1,26 @@
 """Sandbox configuration: one model per backend, each registered under its `backend` name.
 
-A backend registers through its config class (`@register`): the class names its kind (the
-`backend` field's one value), the class of its backend (`backend_class`, "module:Class",
-imported on first use), the SDK that backend needs and the facts callers ask about
-(`place`, `isolated`, `install_facts`, ...). `SandboxConfig` is any registered config, read
-by its `backend` field, and everything that lists backends (the CLI's choices, `clotho
-sandbox ls/gc`) asks `sandbox_kinds`. Adding a backend: a config class here or in
-`remote_config.py` (the cluster ones), and the module of its backend.
+A backend registers through its config class: the class names its kind (the `backend`
+field's one value), the class of its backend (`backend_class`, "module:Class", imported on
+first use), the SDK that backend needs and the facts callers ask about (`place`,
+`isolated`, `install_facts`, ...). `SandboxConfig` is any registered config, read by its
+`backend` field, and everything that lists backends (the CLI's choices, `clotho sandbox
+ls/gc`) asks `sandbox_kinds`.
+
+Adding a backend: a folder with its config and its backend, and one registration, an entry
+point `kind = "module:ConfigClass"` in the `clotho.sandbox_kinds` group (pyproject.toml).
+The registry reads that group once, the first time kinds are listed or looked up, so no
+module imports a backend's to make it known; a config module imports no SDK, so a missing
+extra never hides a kind. `register` makes a kind of a class at run time (a test's own).
 """
 
 from __future__ import annotations
 
 import importlib
 import posixpath
+import threading
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args
 
 from pydantic import (
@@ -29,15 +36,15 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
-from clotho.errors import TaskError
+from clotho.errors import ConfigError, TaskError
 from clotho.sandbox.sidecar_spec import SidecarSpec
 
 if TYPE_CHECKING:
     from clotho.sandbox.backends import SandboxBackend
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-DEFAULT_LOCAL_MEMORY_MB = 4096
-DEFAULT_LOCAL_STORAGE_MB = 10240
+# The entry-point group every installed sandbox kind registers in (`kind = "module:Class"`).
+ENTRY_POINT_GROUP = "clotho.sandbox_kinds"
 
 Place = Literal["host", "cluster"]
 C = TypeVar("C", bound="SandboxConfigBase")
@@ -65,7 +72,7 @@ class ReadOnlyMount(BaseModel):
 
 
 class SandboxConfigBase(BaseModel):
-    """What every sandbox config states about its backend; `@register` makes it a kind."""
+    """What every sandbox config states about its backend; registered, it is a kind."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -144,10 +151,14 @@ class SandboxConfigBase(BaseModel):
 
 
 _KINDS: dict[str, type[SandboxConfigBase]] = {}
+_PLUGINS = threading.RLock()  # held while the entry points load (a lookup from a thread waits)
+_plugins_loaded = False
+_plugins_loading = False
 
 
 def register(cls: type[C]) -> type[C]:
-    """Make `cls` a sandbox kind under its `backend` field's one value (a class decorator)."""
+    """Make `cls` a sandbox kind under its `backend` field's one value: what loading an
+    entry point does, and what a kind defined at run time (a test's) calls itself."""
     field = cls.model_fields.get("backend")
     kinds = get_args(field.annotation) if field else ()
     if len(kinds) != 1 or field is None or field.default != kinds[0]:
@@ -163,21 +174,63 @@ def register(cls: type[C]) -> type[C]:
 
 def unregister(kind: str) -> None:
     """Forget a kind (a test's own backend, once the test is done)."""
-    _KINDS.pop(kind, None)
+    _kinds().pop(kind, None)
+
+
+def _kinds() -> dict[str, type[SandboxConfigBase]]:
+    """Every kind: the installed ones (entry points, loaded on the first call) and those
+    registered at run time."""
+    global _plugins_loaded, _plugins_loading
+    if _plugins_loaded:
+        return _KINDS
+    with _PLUGINS:
+        if _plugins_loaded or _plugins_loading:  # loaded, or a kind's module asks while loading
+            return _KINDS
+        _plugins_loading = True
+        try:
+            installed = {ep.name: _load_kind(ep) for ep in entry_points(group=ENTRY_POINT_GROUP)}
+            # Installed kinds by name, whichever module was imported first; then the others.
+            ordered = {k: installed[k] for k in sorted(installed)}
+            ordered.update((k, cls) for k, cls in _KINDS.items() if k not in installed)
+            _KINDS.clear()
+            _KINDS.update(ordered)
+            _plugins_loaded = True
+        finally:
+            _plugins_loading = False
+    return _KINDS
+
+
+def _load_kind(entry: Any) -> type[SandboxConfigBase]:
+    """The config class one entry point names, registered under the entry point's name."""
+    try:
+        cls = entry.load()
+    except Exception as exc:  # a broken install of one kind: say which, whatever it raised
+        raise ConfigError(
+            f"sandbox kind {entry.name!r} ({entry.value}, entry point group "
+            f"{ENTRY_POINT_GROUP}) cannot be loaded: {exc}"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, SandboxConfigBase)):
+        raise ConfigError(f"sandbox kind {entry.name!r}: {entry.value} is no sandbox config class")
+    field = cls.model_fields.get("backend")
+    if field is None or field.default != entry.name:
+        kind = field.default if field else None
+        raise ConfigError(f"sandbox kind {entry.name!r}: {entry.value} is the kind {kind!r}")
+    return register(cls)
 
 
 def sandbox_kinds(*, place: Place | None = None, isolated: bool | None = None) -> tuple[str, ...]:
-    """The registered kinds, in registration order, optionally only those with these facts."""
+    """The kinds (installed ones by name, then those registered at run time, in order),
+    optionally only those with these facts."""
     return tuple(
         kind
-        for kind, cls in _KINDS.items()
+        for kind, cls in _kinds().items()
         if (place is None or cls.place == place) and (isolated is None or cls.isolated == isolated)
     )
 
 
 def config_type(kind: str) -> type[SandboxConfigBase]:
-    """The config class of a registered kind (KeyError for an unknown one)."""
-    return _KINDS[kind]
+    """The config class of a kind (KeyError for an unknown one)."""
+    return _kinds()[kind]
 
 
 class Kinds:
@@ -191,7 +244,7 @@ class Kinds:
 
     def _union(self) -> TypeAdapter[Any]:
         """The discriminated union of the kinds registered now (rebuilt when they change)."""
-        members = tuple(_KINDS[k] for k in sandbox_kinds(place=self.place))
+        members = tuple(config_type(k) for k in sandbox_kinds(place=self.place))
         if self._adapter is None or self._adapter[0] != members:
             union: Any = (
                 members[0]
@@ -224,11 +277,12 @@ class Kinds:
         return handler(self._union().core_schema)
 
 
-_ASKS = "(a Harbor task's [environment] allow_internet = true) and this run gives "
+# How a kind's `no_network_hint` begins when a task asks for a network the run does not give.
+NETWORK_ASKED = "(a Harbor task's [environment] allow_internet = true) and this run gives "
 
 
-class _Common(SandboxConfigBase):
-    """What the host backends (bubblewrap, unsafe-local, Docker) share."""
+class HostSandboxConfig(SandboxConfigBase):
+    """What the host backends (bubblewrap, unsafe-local: `local/config.py`; Docker) share."""
 
     workdir: str = "/app"
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
@@ -243,81 +297,11 @@ class _Common(SandboxConfigBase):
     )
 
 
-@register
-class LocalSandboxConfig(_Common):
-    """bubblewrap: namespaces, host root read-only or as a throw-away overlay."""
-
-    backend: Literal["local"] = "local"
-    backend_class: ClassVar[str] = "clotho.sandbox.local.backend:LocalBackend"
-    no_network_hint: ClassVar[str] = (
-        _ASKS + "its sandboxes none: run with --network (as root, the local backend's "
-        "network is guarded: the host's own services stay out of reach)"
-    )
-    root: Literal["auto", "overlay", "ro"] = Field(
-        "auto", description="overlay needs root; auto picks overlay as root, else ro"
-    )
-    network: bool = False
-    # Limits (sandbox/local/limits.py). None takes the task's value (`SlotPool.prepare`), else the
-    # default: every local sandbox is bounded.
-    memory_mb: int | None = Field(
-        None,
-        gt=0,
-        description=f"memory and swap (cgroup); None: the task's, else {DEFAULT_LOCAL_MEMORY_MB}",
-    )
-    pids_limit: int = Field(4096, gt=0, description="processes and threads at once (cgroup)")
-    storage_mb: int | None = Field(
-        None,
-        gt=0,
-        description="disk written (overlay upper layer, workspace, transfers), its files "
-        "(one inode per 16 KB) and the largest file: the state folder is a file system of "
-        "this size, so a write past it fails with ENOSPC and a command after which it is full "
-        "ends the sandbox as `limit`; where loop devices cannot be used (not root) the size "
-        "is watched, the sandbox killed past it, and files are not counted (said at run "
-        f"time); None: the task's, else {DEFAULT_LOCAL_STORAGE_MB}",
-    )
-    cpus: float | None = Field(None, gt=0, description="CPU quota; None: the task's, else none")
-    ro_mounts: list[ReadOnlyMount] = Field(
-        default_factory=list,
-        description="host folders bound read-only into each sandbox (installed agents' packages)",
-    )
-    cgroup_limits: bool = Field(
-        True,
-        description="enforce memory, process and CPU limits in cgroups (needs root on a cgroup "
-        "v1 host); off: only storage is limited",
-    )
-
-    def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:
-        return self.backend_type()(self.state_dir)
-
-    def install_facts(self) -> dict[str, Any]:
-        return {**super().install_facts(), "root": self.root}
-
-
-@register
-class UnsafeLocalSandboxConfig(_Common):
-    """Plain processes in a temporary directory on the host. No isolation at all."""
-
-    backend: Literal["unsafe-local"] = "unsafe-local"
-    backend_class: ClassVar[str] = "clotho.sandbox.local.backend:UnsafeLocalBackend"
-    isolated: ClassVar[bool] = False
-
-    def new_backend(self, *, docker_url: str | None = None) -> SandboxBackend:
-        return self.backend_type()(self.state_dir)
-
-    @classmethod
-    def listing(cls, state_dir: str | None) -> SandboxConfigBase | None:
-        return None  # its folders look like bubblewrap's: the local backend lists both
-
-    def with_task_network(self, wants: bool, task: str) -> UnsafeLocalSandboxConfig:
-        return self  # the host's own network, whatever anyone says
-
-
 DEFAULT_DOCKER_MEMORY_MB = 4096
 DEFAULT_DOCKER_STORAGE_MB = 10240
 
 
-@register
-class DockerSandboxConfig(_Common):
+class DockerSandboxConfig(HostSandboxConfig):
     """A container per sandbox, driven through the Docker Engine API (extra `docker`)."""
 
     backend: Literal["docker"] = "docker"
@@ -325,7 +309,7 @@ class DockerSandboxConfig(_Common):
     sdk: ClassVar[tuple[str, str] | None] = ("aiodocker", "docker")
     runs_sidecars: ClassVar[bool] = True
     no_network_hint: ClassVar[str] = (
-        _ASKS + "its containers none: Docker's only network here is the host's own, "
+        NETWORK_ASKED + "its containers none: Docker's only network here is the host's own, "
         "unguarded; accept that with --network --set sandbox.host_network=true, or run on the "
         "local backend with --network (guarded)"
     )
@@ -435,8 +419,8 @@ class DockerSandboxConfig(_Common):
         return {**super().install_facts(), "image": self.image, "slots": slots}
 
 
-# Any registered sandbox config, read by its `backend` field (the cluster kinds register in
-# remote_config.py, loaded with the package).
+# Any registered sandbox config, read by its `backend` field (the installed kinds are loaded
+# the first time one is validated).
 SandboxConfig = Annotated[SandboxConfigBase, Kinds()]
 
 

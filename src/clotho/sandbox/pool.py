@@ -36,7 +36,7 @@ from clotho.sandbox.backends import (
     with_task_network,
 )
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig
+from clotho.sandbox.config import SandboxConfig, config_type
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class SlotPool:
     def start(self) -> None:
         if self._maintenance is None:
             self._maintenance = asyncio.create_task(self._maintain())
-            self._backend(LocalSandboxConfig())  # reaps local leftovers in TMPDIR
+            self._backend(config_type("local")())  # reaps local leftovers in TMPDIR
 
     async def _reap_orphans(self, backend: SandboxBackend) -> None:
         """Remove what dead runs left behind on `backend` (owner gone or lease expired)."""

@@ -1,9 +1,9 @@
 """Configs of the backends that place sandboxes beyond this host: Ray, Modal, Nomad.
 
-Registered kinds like the host ones (`config.py`), kept apart because each names a cluster
-rather than a host. This module imports `config.py`, never the other way round; the
-package loads it with the backend contract (`backends.py`), so its kinds are read wherever
-a `SandboxConfig` is.
+Kinds like the host ones (`config.py`), kept apart because each names a cluster rather than
+a host. Registered by their entry points (pyproject.toml, `clotho.sandbox_kinds`): the
+registry loads this module the first time kinds are listed, so its kinds are read wherever
+a `SandboxConfig` is. This module imports `config.py`, never the other way round.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from clotho.sandbox.config import Kinds, LocalSandboxConfig, Place, SandboxConfigBase, register
+from clotho.sandbox.config import Kinds, Place, SandboxConfigBase, config_type
 
 if TYPE_CHECKING:
     from clotho.sandbox.backends import SandboxBackend
@@ -26,7 +26,11 @@ CREATE_CAPPED = ("ray", "modal", "nomad")
 InnerConfig = Annotated[SandboxConfigBase, Kinds(place="host")]
 
 
-@register
+def _default_inner() -> SandboxConfigBase:
+    """A node's sandbox unless told otherwise: the `local` kind (bubblewrap), as registered."""
+    return config_type("local")()
+
+
 class RaySandboxConfig(SandboxConfigBase):
     """Sandboxes spread over a Ray cluster: one host actor per node runs `inner` sandboxes
     (bubblewrap, Docker) on its node; commands and files go through the actor."""
@@ -40,7 +44,7 @@ class RaySandboxConfig(SandboxConfigBase):
     )
     namespace: str = Field("clotho", description="Ray namespace of the host actors")
     inner: InnerConfig = Field(
-        default_factory=LocalSandboxConfig,
+        default_factory=_default_inner,
         description="the sandbox each node runs, as on one machine",
     )
     node_resource: str | None = Field(
@@ -96,7 +100,6 @@ class RaySandboxConfig(SandboxConfigBase):
         return self.model_copy(update={"inner": self.inner.with_task_network(wants, task)})
 
 
-@register
 class ModalSandboxConfig(SandboxConfigBase):
     """Modal sandboxes, N slots each, through Modal's async SDK (extra `modal`)."""
 
@@ -153,7 +156,6 @@ class ModalSandboxConfig(SandboxConfigBase):
         return {**super().install_facts(), "image": self.image}
 
 
-@register
 class NomadSandboxConfig(SandboxConfigBase):
     """A Nomad job per pool: a sandbox server per allocation, N slots each (extra `nomad`)."""
 

@@ -15,9 +15,10 @@ from clotho.sandbox.backends import (
     SandboxBackend,
 )
 from clotho.sandbox.base import Sandbox
-from clotho.sandbox.config import LocalSandboxConfig, SandboxConfig, UnsafeLocalSandboxConfig
+from clotho.sandbox.config import SandboxConfig
 from clotho.sandbox.host.leases import SandboxRecord, local_records, remove_local
 from clotho.sandbox.local.bwrap import BwrapSandbox
+from clotho.sandbox.local.config import LocalSandboxConfig, UnsafeLocalSandboxConfig
 from clotho.sandbox.local.unsafe_local import UnsafeLocalSandbox
 
 

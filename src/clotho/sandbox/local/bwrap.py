@@ -46,7 +46,7 @@ from typing import Unpack
 
 from clotho.errors import ConfigError, SandboxError
 from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, PathChange, SocketPlace
-from clotho.sandbox.config import LocalSandboxConfig, base_env
+from clotho.sandbox.config import base_env
 from clotho.sandbox.host import proctree
 from clotho.sandbox.host.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.host.state import (
@@ -56,6 +56,7 @@ from clotho.sandbox.host.state import (
     state_dir_until_started,
     state_uid,
 )
+from clotho.sandbox.local.config import LocalSandboxConfig
 from clotho.sandbox.local.fresh import digests_at, run_fresh_call
 from clotho.sandbox.local.limits import SandboxLimits
 from clotho.sandbox.local.netguard import guard_host_addresses

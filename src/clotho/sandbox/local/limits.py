@@ -38,14 +38,14 @@ from pathlib import Path
 
 from clotho.errors import LimitExceeded, SandboxError
 from clotho.sandbox.base import ExecResult
-from clotho.sandbox.config import (
+from clotho.sandbox.host import cgroups, quota
+from clotho.sandbox.host.cgroups import kill_named, procs, remove_named
+from clotho.sandbox.host.leases import STATE_PREFIX
+from clotho.sandbox.local.config import (
     DEFAULT_LOCAL_MEMORY_MB,
     DEFAULT_LOCAL_STORAGE_MB,
     LocalSandboxConfig,
 )
-from clotho.sandbox.host import cgroups, quota
-from clotho.sandbox.host.cgroups import kill_named, procs, remove_named
-from clotho.sandbox.host.leases import STATE_PREFIX
 
 log = logging.getLogger(__name__)
 

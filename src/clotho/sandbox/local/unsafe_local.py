@@ -35,10 +35,11 @@ from pathlib import Path
 
 from clotho.errors import SandboxError
 from clotho.sandbox.base import ExecResult, FreshCall
-from clotho.sandbox.config import UnsafeLocalSandboxConfig, base_env
+from clotho.sandbox.config import base_env
 from clotho.sandbox.host import proctree
 from clotho.sandbox.host.cgroups import AGENT, SandboxCgroups
 from clotho.sandbox.host.state import remove_state_dir, state_dir_until_started
+from clotho.sandbox.local.config import UnsafeLocalSandboxConfig
 from clotho.sandbox.local.fresh import digests_at, run_fresh_call
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.shell_backed import ShellBackedSandbox

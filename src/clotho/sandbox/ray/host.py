@@ -129,7 +129,7 @@ class SandboxHost:
         when the guard cannot hold: a backend without one, or no root."""
         if not getattr(inner, "network", False):
             return
-        from clotho.sandbox.config import LocalSandboxConfig
+        from clotho.sandbox.local.config import LocalSandboxConfig
 
         if not isinstance(inner, LocalSandboxConfig):
             raise ConfigError(

@@ -1,6 +1,6 @@
 """The `ssh` sandbox kind: sandboxes on a machine reached over SSH (extra `ssh`: asyncssh).
 
-Registered like the host kinds (`config.py`), so `--sandbox ssh`, `clotho sandbox ls/gc`
+Registered by its entry point (pyproject.toml, `clotho.sandbox_kinds`), so `--sandbox ssh`, `clotho sandbox ls/gc`
 and the docs read it from the registry. Where the sandbox runs is the remote machine: none
 of its processes run on this host, so the kind counts as isolated from the harness; how
 it is isolated on the remote host (bubblewrap, or nothing when the host has none) is each
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from clotho.sandbox.config import Place, SandboxConfigBase, register
+from clotho.sandbox.config import Place, SandboxConfigBase
 
 if TYPE_CHECKING:
     from clotho.sandbox.backends import SandboxBackend
@@ -30,7 +30,6 @@ def _env(name: str) -> str | None:
     return os.environ.get(ENV_PREFIX + name) or None
 
 
-@register
 class SshSandboxConfig(SandboxConfigBase):
     """One sandbox per SSH connection to `host`: a persistent shell, files over SFTP, a
     folder of its own under `remote_root`, bubblewrap on the remote host when it has it."""
