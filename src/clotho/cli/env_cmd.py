@@ -13,18 +13,7 @@ import typer
 from clotho.cli import options as opt
 from clotho.cli.env_options import EnvArg, build_environment, console, run_env_command
 from clotho.cli.running import user_errors
-from clotho.cli.sft_options import (
-    SftAllOpt,
-    SftDedupOpt,
-    SftErrorsOpt,
-    SftFormatOpt,
-    SftMinRewardOpt,
-    SftOutOpt,
-    SftTokenizerOpt,
-    load_sft_tokenizer,
-    print_sft,
-    sft_from_params,
-)
+from clotho.cli.sft_options import SftFlags, load_sft_tokenizer, print_sft
 from clotho.env.driver import produce_groups
 from clotho.env.scored import ScoredGroup
 
@@ -36,6 +25,7 @@ if TYPE_CHECKING:
     from clotho.tools.tool import Tool
 
 
+@opt.with_sft_flags
 def process_command(
     env: EnvArg,
     out: Annotated[
@@ -84,13 +74,7 @@ def process_command(
     ] = None,
     wandb: opt.Wandb = None,
     ray: opt.Ray = None,
-    sft_out: SftOutOpt = None,
-    sft_format: SftFormatOpt = "chat",
-    sft_min_reward: SftMinRewardOpt = None,
-    sft_all: SftAllOpt = False,
-    sft_errors: SftErrorsOpt = None,
-    sft_tokenizer: SftTokenizerOpt = None,
-    sft_dedup: SftDedupOpt = True,
+    sft: SftFlags = SftFlags(),
 ) -> None:
     """Produce scored groups without a trainer: JSONL plus a report page (clotho view's export).
 
@@ -103,7 +87,7 @@ def process_command(
 
     with user_errors(console):
         flags = opt.overrides(process_command, locals())  # the parameters, nothing else yet
-        sft = sft_from_params(locals())
+        sft_options = sft.options()
 
     if max_items:
         n_groups = min(n_groups, max_items)
@@ -111,7 +95,7 @@ def process_command(
 
     async def main() -> None:
         environment = build_environment(env, config, set_, ray=ray, flags=flags)
-        exporter = await _sft_exporter(environment, sft_out, sft)
+        exporter = await _sft_exporter(environment, sft.out, sft_options)
         tool_errors = None
         if wandb:  # the groups file has no tool errors: watched as the rollouts end
             from clotho.runs.tracking import ToolErrorLog
@@ -133,9 +117,9 @@ def process_command(
         finally:
             await sink.aclose()
             await environment.close()
-            if exporter is not None and sft_out is not None:
+            if exporter is not None and sft.out is not None:
                 if started:
-                    print_sft(console, sft_out, await asyncio.to_thread(exporter.commit))
+                    print_sft(console, sft.out, await asyncio.to_thread(exporter.commit))
                 else:
                     exporter.abort()
             # Rendering long groups takes a tenth of a second of CPU and more: in a thread.

@@ -15,18 +15,7 @@ from rich.table import Table
 from clotho.cli import options as opt
 from clotho.cli.resume import resumed_run
 from clotho.cli.running import run_async, user_errors
-from clotho.cli.sft_options import (
-    SftAllOpt,
-    SftDedupOpt,
-    SftErrorsOpt,
-    SftFormatOpt,
-    SftMinRewardOpt,
-    SftOutOpt,
-    SftTokenizerOpt,
-    load_sft_tokenizer,
-    print_sft,
-    sft_from_params,
-)
+from clotho.cli.sft_options import SftFlags, load_sft_tokenizer, print_sft
 from clotho.errors import UNSCORED_KINDS, ConfigError
 from clotho.rollout.agents import agent_kinds
 from clotho.runs.eval import run_eval
@@ -185,6 +174,7 @@ Resume = Annotated[
 ]
 
 
+@opt.with_sft_flags
 def eval_command(
     paths: Paths = None,
     config: opt.ConfigFile = None,
@@ -226,13 +216,7 @@ def eval_command(
     out: Out = None,
     resume: Resume = False,
     wandb: opt.Wandb = None,
-    sft_out: SftOutOpt = None,
-    sft_format: SftFormatOpt = "chat",
-    sft_min_reward: SftMinRewardOpt = None,
-    sft_all: SftAllOpt = False,
-    sft_errors: SftErrorsOpt = None,
-    sft_tokenizer: SftTokenizerOpt = None,
-    sft_dedup: SftDedupOpt = True,
+    sft: SftFlags = SftFlags(),
 ) -> None:
     """Run an agent on Harbor / Terminal-Bench tasks and report pass rates.
 
@@ -245,8 +229,8 @@ def eval_command(
         flags = opt.overrides(eval_command, locals())  # the parameters, nothing else yet
         if wandb:
             require_wandb()
-        sft = sft_from_params(locals())
-        sft_tok = load_sft_tokenizer(sft)
+        sft_options = sft.options()
+        sft_tok = load_sft_tokenizer(sft_options)
         data = opt.config_data(config, flags, set_)
         if resume:
             data = resumed_run(out, data, ray)
@@ -269,11 +253,11 @@ def eval_command(
             console,
             interrupted=f"finished attempts are kept in {out}; "
             f"continue with: clotho eval --out {out} --resume"
-            + (f" (it writes {sft_out} at the end)" if sft_out else ""),
+            + (f" (it writes {sft.out} at the end)" if sft.out else ""),
         )
     print_report(metrics, out)
-    if sft_out and sft:
-        _export_sft(out, sft_out, sft, sft_tok)
+    if sft.out and sft_options:
+        _export_sft(out, sft.out, sft_options, sft_tok)
     if wandb:
         with user_errors(console):
             track_run(out, wandb)

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from clotho.cli.running import user_errors
-from clotho.cli.sft_options import ERROR_KIND_HELP, load_sft_tokenizer, print_sft, sft_options
+from clotho.cli.sft_options import ERROR_KIND_HELP, SftFlags, load_sft_tokenizer, print_sft
 
 console = Console(stderr=True)
 app = typer.Typer(
@@ -64,13 +64,7 @@ def sft_command(
     from clotho.export.writer import export_sft
 
     with user_errors(console):
-        options = sft_options(
-            format=format,
-            min_reward=min_reward,
-            keep_all=all_,
-            errors=errors,
-            tokenizer=tokenizer,
-            dedup=dedup,
-        )
+        flags = SftFlags(out, format, min_reward, all_, errors, tokenizer, dedup)
+        options = flags.checked()
         stats = export_sft(trajectories_from(source), out, options, load_sft_tokenizer(options))
     print_sft(console, out, stats)

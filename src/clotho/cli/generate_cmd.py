@@ -21,18 +21,7 @@ from rich.table import Table
 from clotho.cli import options as opt
 from clotho.cli.resume import resumed_run
 from clotho.cli.running import run_async, user_errors
-from clotho.cli.sft_options import (
-    SftAllOpt,
-    SftDedupOpt,
-    SftErrorsOpt,
-    SftFormatOpt,
-    SftMinRewardOpt,
-    SftOutOpt,
-    SftTokenizerOpt,
-    load_sft_tokenizer,
-    print_sft,
-    sft_from_params,
-)
+from clotho.cli.sft_options import SftFlags, load_sft_tokenizer, print_sft
 from clotho.errors import ConfigError
 from clotho.runs.generate_stats import STATS, TRAJECTORIES, GenerateStats
 from clotho.runs.prompts import read_prompts
@@ -164,6 +153,7 @@ def export_generated(
     return stats.model_copy(update={"skipped": dict(merged)})
 
 
+@opt.with_sft_flags
 def generate_command(
     prompts: Annotated[
         Path,
@@ -199,13 +189,7 @@ def generate_command(
     verifier_timeout: opt.VerifierTimeout = None,
     command_timeout: opt.CommandTimeout = None,
     wandb: opt.Wandb = None,
-    sft_out: SftOutOpt = None,
-    sft_format: SftFormatOpt = "chat",
-    sft_min_reward: SftMinRewardOpt = None,
-    sft_all: SftAllOpt = False,
-    sft_errors: SftErrorsOpt = None,
-    sft_tokenizer: SftTokenizerOpt = None,
-    sft_dedup: SftDedupOpt = True,
+    sft: SftFlags = SftFlags(),
 ) -> None:
     """Run the model agent on each prompt of a JSONL file, in sandboxes, and keep the
     trajectories (trajectories.jsonl, and the run directory `clotho view` and `clotho export
@@ -224,8 +208,8 @@ def generate_command(
         flags = opt.overrides(generate_command, locals())  # the parameters, nothing else yet
         if wandb:
             require_wandb()
-        sft = sft_from_params(locals())
-        sft_tok = load_sft_tokenizer(sft)
+        sft_options = sft.options()
+        sft_tok = load_sft_tokenizer(sft_options)
         items = read_prompts(prompts)
         data = opt.config_data(config, {"paths": [], "agent": "llm", **flags}, set_)
         if resume:
@@ -257,10 +241,10 @@ def generate_command(
             f"{prompts} --out {out} --resume",
         )
     print_stats(stats, out)
-    if sft_out and sft:
+    if sft.out and sft_options:
         with user_errors(console):
-            sft_stats = export_generated(out, sft_out, sft, sft_tok)
-        print_sft(console, sft_out, sft_stats)
+            sft_stats = export_generated(out, sft.out, sft_options, sft_tok)
+        print_sft(console, sft.out, sft_stats)
     if wandb:
         from clotho.runs.tracking import track_run
 

@@ -4,7 +4,8 @@ Each option is an `Annotated` alias: its typer option (help panel, help text, de
 bounds read from the config model's field) and `To`, the config path its value goes to.
 `overrides(command, values)` turns a command's collected flags into one nested dict, merged
 into the configuration the way `--set` is (`config_data`: --config, then the flags, then
---set); `with_sandbox` fills in the default backend and the `--ray` wrapping for all.
+--set); `with_sandbox` fills in the default backend and the `--ray` wrapping for all. The
+--sft-* options come together: `with_sft_flags` adds them all, as one `SftFlags` value.
 
 The sandbox kinds are the registry's when typer builds a command, not when this module is
 imported: `Sandbox` is made on each access (module `__getattr__`), so commands name it as
@@ -13,6 +14,8 @@ imported: `Sandbox` is made on each access (module `__getattr__`), so commands n
 
 from __future__ import annotations
 
+import functools
+import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from pydantic import BaseModel
 
 from clotho.chat.client import ModelConfig, SamplingParams
 from clotho.cli.config_io import apply_sets, load_config_file, merge
+from clotho.cli.sft_options import ERROR_KIND_HELP, SftFlags
 from clotho.env.config import EnvConfig
 from clotho.errors import ConfigError
 from clotho.runs.records import EvalConfig
@@ -331,6 +335,112 @@ Wandb = Annotated[
         rich_help_panel=OUTPUT,
     ),
 ]
+
+# SFT export: with --sft-out, the run's trajectories are also written as SFT training data.
+# Commands take them all at once (`with_sft_flags`), as one `SftFlags`.
+SFT = "SFT export"
+SftOut = Annotated[
+    Path | None,
+    typer.Option(
+        "--sft-out",
+        help="also write the trajectories as SFT training data (JSONL) to this file",
+        rich_help_panel=SFT,
+    ),
+]
+SftFormat = Annotated[
+    Literal["chat", "sharegpt"],
+    typer.Option(
+        "--sft-format",
+        help="chat: OpenAI messages with tool calls; sharegpt: LLaMA-Factory's ShareGPT",
+        rich_help_panel=SFT,
+    ),
+]
+SftMinReward = Annotated[
+    float | None,
+    typer.Option(
+        "--sft-min-reward",
+        help="keep trajectories with at least this reward (default: passed ones only)",
+        rich_help_panel=SFT,
+    ),
+]
+SftAll = Annotated[
+    bool,
+    typer.Option(
+        "--sft-all", help="keep every trajectory, whatever its reward", rich_help_panel=SFT
+    ),
+]
+SftErrors = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--sft-errors",
+        help=f"also keep trajectories that ended in these error kinds ({ERROR_KIND_HELP}; "
+        "comma-separated or repeated; default: none)",
+        rich_help_panel=SFT,
+    ),
+]
+SftTokenizer = Annotated[
+    str | None,
+    typer.Option(
+        "--sft-tokenizer",
+        help="tokenizer folder or tokenizer.json with a chat template: adds tokens and "
+        "assistant masks (token-API rollouts carry their exact tokens without it)",
+        rich_help_panel=SFT,
+    ),
+]
+SftDedup = Annotated[
+    bool,
+    typer.Option(
+        "--sft-dedup/--sft-keep-duplicates",
+        help="write identical trajectories once",
+        rich_help_panel=SFT,
+    ),
+]
+# The parameters `with_sft_flags` adds, in order: (annotation, `SftFlags` field).
+_SFT_PARAMETERS = {
+    "sft_out": (SftOut, "out"),
+    "sft_format": (SftFormat, "format"),
+    "sft_min_reward": (SftMinReward, "min_reward"),
+    "sft_all": (SftAll, "keep_all"),
+    "sft_errors": (SftErrors, "errors"),
+    "sft_tokenizer": (SftTokenizer, "tokenizer"),
+    "sft_dedup": (SftDedup, "dedup"),
+}
+
+
+class SftCommand:
+    """A command with the --sft-* options after its own: typer sees them in its signature,
+    and the command gets them as one `SftFlags`, its `sft` parameter.
+
+    The signature is made when it is read, as typer reads a command's annotations then
+    (`Sandbox`'s kinds: see `__getattr__`)."""
+
+    def __init__(self, command: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, command)
+        self.command = command
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        own = inspect.signature(self.command, eval_str=True)
+        kept = [p for p in own.parameters.values() if p.name != "sft"]
+        added = [
+            inspect.Parameter(
+                name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=getattr(SftFlags, field),
+                annotation=annotation,
+            )
+            for name, (annotation, field) in _SFT_PARAMETERS.items()
+        ]
+        return own.replace(parameters=[*kept, *added])
+
+    def __call__(self, **values: Any) -> Any:
+        given = {field: values.pop(name) for name, (_, field) in _SFT_PARAMETERS.items()}
+        return self.command(**values, sft=SftFlags(**given))
+
+
+def with_sft_flags(command: Callable[..., Any]) -> SftCommand:
+    """`command` (whose last parameter is `sft: SftFlags`) with the --sft-* options."""
+    return SftCommand(command)
 
 
 def __getattr__(name: str) -> Any:

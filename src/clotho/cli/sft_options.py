@@ -1,12 +1,15 @@
-"""The `--sft-*` options `clotho eval` and `clotho process` share, and the export's report."""
+"""The `--sft-*` flags as one value (`SftFlags`), what they ask for, and the export's report.
+
+The options themselves are declared in `clotho.cli.options` with the others commands share
+(`with_sft_flags` adds them to `eval`, `generate` and `process`); `clotho export sft` names
+its own (`--format`, `--min-reward`, ...) and reads them the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-import typer
 from rich.console import Console
 from rich.markup import escape
 
@@ -19,131 +22,51 @@ if TYPE_CHECKING:
 
 ERROR_KIND_HELP = "infra, agent, verifier, task, config, limit, tamper, or all"
 
-SftOutOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--sft-out",
-        help="also write the trajectories as SFT training data (JSONL) to this file",
-        rich_help_panel="SFT export",
-    ),
-]
-SftFormatOpt = Annotated[
-    Literal["chat", "sharegpt"],
-    typer.Option(
-        "--sft-format",
-        help="chat: OpenAI messages with tool calls; sharegpt: LLaMA-Factory's ShareGPT",
-        rich_help_panel="SFT export",
-    ),
-]
-SftMinRewardOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--sft-min-reward",
-        help="keep trajectories with at least this reward (default: passed ones only)",
-        rich_help_panel="SFT export",
-    ),
-]
-SftAllOpt = Annotated[
-    bool,
-    typer.Option(
-        "--sft-all", help="keep every trajectory, whatever its reward", rich_help_panel="SFT export"
-    ),
-]
-SftErrorsOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--sft-errors",
-        help=f"also keep trajectories that ended in these error kinds ({ERROR_KIND_HELP}; "
-        "comma-separated or repeated; default: none)",
-        rich_help_panel="SFT export",
-    ),
-]
-SftTokenizerOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--sft-tokenizer",
-        help="tokenizer folder or tokenizer.json with a chat template: adds tokens and "
-        "assistant masks (token-API rollouts carry their exact tokens without it)",
-        rich_help_panel="SFT export",
-    ),
-]
-SftDedupOpt = Annotated[
-    bool,
-    typer.Option(
-        "--sft-dedup/--sft-keep-duplicates",
-        help="write identical trajectories once",
-        rich_help_panel="SFT export",
-    ),
-]
 
+@dataclass(frozen=True)
+class SftFlags:
+    """The SFT export's flags as given (the defaults: none given): `out` is the file, and
+    without it there is no export."""
 
-def sft_options(
-    *,
-    format: Literal["chat", "sharegpt"],
-    min_reward: float | None,
-    keep_all: bool,
-    errors: list[str] | None,
-    tokenizer: str | None,
-    dedup: bool,
-) -> SftOptions:
-    """The options from the flags; a contradiction or an unknown name is a `ConfigError`."""
-    from clotho.export.sft import ERROR_KINDS, SftOptions
+    out: Path | None = None
+    format: Literal["chat", "sharegpt"] = "chat"
+    min_reward: float | None = None
+    keep_all: bool = False
+    errors: list[str] | None = None
+    tokenizer: str | None = None
+    dedup: bool = True
 
-    if keep_all and min_reward is not None:
-        raise ConfigError("--sft-all keeps every reward: drop --sft-min-reward, or --sft-all")
-    kinds = {part.strip() for value in errors or [] for part in value.split(",") if part.strip()}
-    if "all" in kinds:
-        kinds = set(ERROR_KINDS)
-    unknown = kinds - set(ERROR_KINDS)
-    if unknown:
-        raise ConfigError(f"--sft-errors {', '.join(sorted(unknown))}: kinds are {ERROR_KIND_HELP}")
-    return SftOptions(
-        format=format,
-        min_reward=min_reward,
-        keep_all=keep_all,
-        errors=frozenset(kinds),  # type: ignore[arg-type]
-        tokenizer=tokenizer,
-        dedup=dedup,
-    )
+    def checked(self) -> SftOptions:
+        """The options the flags ask for; a contradiction or an unknown name is a
+        `ConfigError`."""
+        from clotho.export.sft import ERROR_KINDS, SftOptions
 
+        if self.keep_all and self.min_reward is not None:
+            raise ConfigError("--sft-all keeps every reward: drop --sft-min-reward, or --sft-all")
+        kinds = {p.strip() for value in self.errors or [] for p in value.split(",") if p.strip()}
+        if "all" in kinds:
+            kinds = set(ERROR_KINDS)
+        unknown = kinds - set(ERROR_KINDS)
+        if unknown:
+            raise ConfigError(
+                f"--sft-errors {', '.join(sorted(unknown))}: kinds are {ERROR_KIND_HELP}"
+            )
+        return SftOptions(
+            format=self.format,
+            min_reward=self.min_reward,
+            keep_all=self.keep_all,
+            errors=frozenset(kinds),  # type: ignore[arg-type]
+            tokenizer=self.tokenizer,
+            dedup=self.dedup,
+        )
 
-def sft_from_flags(
-    out: Path | None,
-    *,
-    format: Literal["chat", "sharegpt"],
-    min_reward: float | None,
-    keep_all: bool,
-    errors: list[str] | None,
-    tokenizer: str | None,
-    dedup: bool,
-) -> SftOptions | None:
-    """The options when --sft-out is given; other --sft-* flags without it are a mistake."""
-    if out is None:
-        given = format != "chat" or min_reward is not None or keep_all or bool(errors)
-        if given or tokenizer is not None or not dedup:
-            raise ConfigError("the --sft-* options need --sft-out FILE")
-        return None
-    return sft_options(
-        format=format,
-        min_reward=min_reward,
-        keep_all=keep_all,
-        errors=errors,
-        tokenizer=tokenizer,
-        dedup=dedup,
-    )
-
-
-def sft_from_params(params: Mapping[str, Any]) -> SftOptions | None:
-    """`sft_from_flags` of a command's parameters (the `Sft*Opt` ones, by their names)."""
-    return sft_from_flags(
-        params["sft_out"],
-        format=params["sft_format"],
-        min_reward=params["sft_min_reward"],
-        keep_all=params["sft_all"],
-        errors=params["sft_errors"],
-        tokenizer=params["sft_tokenizer"],
-        dedup=params["sft_dedup"],
-    )
+    def options(self) -> SftOptions | None:
+        """The options when --sft-out is given; other --sft-* flags without it are a mistake."""
+        if self.out is None:
+            if replace(self, errors=None) != SftFlags() or self.errors:  # [] is none given
+                raise ConfigError("the --sft-* options need --sft-out FILE")
+            return None
+        return self.checked()
 
 
 def print_sft(console: Console, path: Path, stats: SftStats) -> None:
