@@ -9,14 +9,14 @@ tool's result. No model named, or its key variable unset, is a `ConfigError` at 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clotho.chat.http import BalancedPoster, MalformedResponse
+from clotho.chat.http import MalformedResponse
 from clotho.chat.types import image_mime, image_part
-from clotho.errors import ConfigError, ModelError
+from clotho.errors import ConfigError
+from clotho.tools.hosted import HostedApi
 from clotho.tools.runtime import ToolFailure, ToolRuntime, truncate_middle
 from clotho.tools.tool import Tool, tool
 
@@ -38,16 +38,8 @@ class VisionConfig(BaseModel):
     max_retries: int = Field(2, ge=0)
 
 
-class VisionModel:
-    def __init__(self, config: VisionConfig, environ: dict[str, str] | None = None) -> None:
-        self.config = config
-        self._environ = environ
-
-    def _key(self) -> str | None:
-        name = self.config.api_key_env
-        if not name:
-            return None
-        return (self._environ if self._environ is not None else os.environ).get(name) or None
+class VisionModel(HostedApi):
+    config: VisionConfig
 
     def check(self) -> None:
         config = self.config
@@ -79,24 +71,9 @@ class VisionModel:
             ],
             "max_tokens": config.max_tokens,
         }
-        poster = BalancedPoster(
-            [config.base_url.rstrip("/")],
-            api_key_env=None,
-            api_key=self._key(),
-            timeout_s=config.timeout_s,
-            max_retries=config.max_retries,
-            backoff_initial_s=1.0,
-            backoff_max_s=10.0,
-            unhealthy_cooldown_s=0.0,
-            request_timeout_s=config.timeout_s * 2,
+        return await self._post(
+            "/chat/completions", body, _answer, failed="the vision model failed"
         )
-        try:
-            answer, _ = await poster.post("/chat/completions", body, _answer)
-        except ModelError as exc:
-            raise ToolFailure(f"the vision model failed: {exc}") from exc
-        finally:
-            await poster.aclose()
-        return answer
 
 
 def _answer(data: Any) -> str:

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from clotho.chat.http import BalancedPoster, MalformedResponse
-from clotho.errors import ConfigError, ModelError
+from clotho.chat.http import MalformedResponse
+from clotho.errors import ConfigError
+from clotho.tools.hosted import HostedApi
 from clotho.tools.runtime import ToolFailure, ToolRuntime, truncate_middle
 from clotho.tools.tool import Tool, tool
 
@@ -66,19 +66,14 @@ async def reachable(url: str, timeout_s: float) -> str | None:
     return None
 
 
-class WebProvider:
+class WebProvider(HostedApi):
     """The configured provider; `check` is the setup-time verdict."""
 
-    def __init__(self, config: WebConfig, environ: dict[str, str] | None = None) -> None:
-        self.config = config
-        self._environ = environ
-        self._reached = False
+    config: WebConfig
 
-    def _key(self) -> str | None:
-        name = self.config.api_key_env
-        if not name:
-            return None
-        return (self._environ if self._environ is not None else os.environ).get(name) or None
+    def __init__(self, config: WebConfig, environ: dict[str, str] | None = None) -> None:
+        super().__init__(config, environ)
+        self._reached = False
 
     def check(self) -> None:
         """Raise `ConfigError` unless a provider is named and its key is set (no I/O)."""
@@ -117,25 +112,13 @@ class WebProvider:
         config = self.config
         if not config.base_url or self._key() is None:
             raise ToolFailure("the web toolset is not configured (no provider or key)")
-        poster = BalancedPoster(
-            [config.base_url.rstrip("/")],
-            api_key_env=None,
-            api_key=self._key(),
-            timeout_s=config.timeout_s,
-            max_retries=config.max_retries,
-            backoff_initial_s=1.0,
-            backoff_max_s=10.0,
-            unhealthy_cooldown_s=0.0,
+        return await self._post(
+            path,
+            body,
+            _object,
+            failed="the web provider failed",
             max_reply_bytes=config.max_reply_bytes,
-            request_timeout_s=config.timeout_s * 2,
         )
-        try:
-            reply, _ = await poster.post(path, body, _object)
-        except ModelError as exc:
-            raise ToolFailure(f"the web provider failed: {exc}") from exc
-        finally:
-            await poster.aclose()
-        return reply
 
 
 def _object(data: Any) -> dict[str, Any]:
