@@ -30,6 +30,7 @@ from web pages (an `Origin` header) are refused either way. A request body over
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import math
@@ -49,8 +50,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from clotho.chat import access
 from clotho.chat.tokens import TokenClient, TokenSampling
-from clotho.errors import ConfigError, ModelError
+from clotho.errors import ModelError
 from clotho.hosts import host_name, is_loopback
 
 DEFAULT_HOST = "127.0.0.1"
@@ -219,28 +221,12 @@ class TokenGuard:
         return None
 
 
-def listen_socket(host: str, port: int, token: str | None) -> socket.socket:
-    """A TCP socket bound to `host:port`; without a token, only on a loopback address
-    (`ConfigError`, as is an address that cannot be bound)."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-        )[0]
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
-    if token is None and not is_loopback(str(address[0])):
-        raise ConfigError(
-            f"refusing to serve the model on {host} without a token: anyone who can reach it "
-            "could use it; give one (--token-file or --token-env) or listen on 127.0.0.1"
-        )
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
-    return sock
+# `listen_socket(host, port, token)`: the model's socket, loopback only without a token.
+listen_socket = functools.partial(
+    access.listen_socket,
+    refusal="refusing to serve the model on {host} without a token: anyone who can reach it "
+    "could use it; give one (--token-file or --token-env) or listen on 127.0.0.1",
+)
 
 
 def _error(message: str, status: int) -> JSONResponse:

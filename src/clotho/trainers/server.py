@@ -88,8 +88,6 @@ can change it).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import gzip
 import hmac
@@ -113,6 +111,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from clotho.chat.access import listen_socket, token_of
 from clotho.errors import ConfigError
 from clotho.hosts import host_name, is_loopback
 from clotho.trainers.parse_worker import GroupParser, InvalidGroups
@@ -145,21 +144,6 @@ def how_to_authenticate(what: str) -> str:
         "an Atropos trainer or environment "
         "can put it in the URL it is given: http://clotho:<token>@host:port"
     )
-
-
-def token_of(headers: Headers) -> str | None:
-    """The token a request carries: Bearer, or HTTP Basic's password (or lone user name)."""
-    scheme, _, value = headers.get("authorization", "").strip().partition(" ")
-    value = value.strip()
-    if scheme.lower() == "bearer":
-        return value
-    if scheme.lower() == "basic":
-        try:
-            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return password or user
-    return None
 
 
 class _HttpMiddleware:
@@ -212,7 +196,7 @@ class AccessGuard(_HttpMiddleware):
             return None
         if scope["path"] == "/":
             return None
-        given = token_of(headers)
+        given = token_of(headers.get("authorization", ""))
         if given is None or not hmac.compare_digest(given.encode(), self.token):
             what = "authentication required" if given is None else "wrong token"
             response = _error(401, how_to_authenticate(what))
@@ -586,28 +570,14 @@ class ApiServer:
         return f"http://{host}:{self.port}"
 
     def _bind(self) -> socket.socket:
-        # proto must say TCP: asyncio sets TCP_NODELAY only on such sockets, and without it
-        # every keep-alive response waits ~40 ms for a delayed ACK.
-        try:
-            family, kind, proto, _, address = socket.getaddrinfo(
-                self.host, self.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-            )[0]
-            sock = socket.socket(family, kind, proto)
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from exc
-        if self.state.settings.token is None and not is_loopback(str(address[0])):
-            sock.close()
-            raise ConfigError(
-                f"refusing to serve {self.host} without a token: anyone who can reach it could "
-                f"wipe or poison the training data; give one (--token-file, --token-env or {TOKEN_ENV}) or "
-                "listen on 127.0.0.1"
-            )
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-        except OSError as exc:
-            sock.close()
-            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc}") from exc
+        sock = listen_socket(
+            self.host,
+            self.port,
+            self.state.settings.token,
+            refusal="refusing to serve {host} without a token: anyone who can reach it could "
+            "wipe or poison the training data; give one (--token-file, --token-env or "
+            f"{TOKEN_ENV}) or listen on 127.0.0.1",
+        )
         self.port = sock.getsockname()[1]
         return sock
 

@@ -13,8 +13,7 @@ request of the page after that.
 
 from __future__ import annotations
 
-import base64
-import binascii
+import functools
 import hmac
 import ipaddress
 import socket
@@ -22,7 +21,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from clotho.errors import ConfigError
+from clotho.chat import access
+from clotho.chat.access import token_of
 from clotho.hosts import host_name, is_loopback
 
 TOKEN_ENV = "CLOTHO_VIEW_TOKEN"
@@ -77,22 +77,6 @@ class HostCheck:
 
 def _norm(name: str) -> str:
     return name.strip().strip("[]").rstrip(".").lower()
-
-
-def token_of(authorization: str) -> str | None:
-    """The token an Authorization header carries: Bearer, or HTTP Basic's password (what a
-    browser sends after asking), or a lone user name."""
-    scheme, _, value = authorization.strip().partition(" ")
-    value = value.strip()
-    if scheme.lower() == "bearer":
-        return value
-    if scheme.lower() == "basic":
-        try:
-            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return password or user
-    return None
 
 
 class ViewGuard:
@@ -163,26 +147,10 @@ class ViewGuard:
         return None
 
 
-def listen_socket(host: str, port: int, token: str | None) -> socket.socket:
-    """A TCP socket bound to `host:port`; without a token, only on a loopback address
-    (`ConfigError`, as is an address that cannot be bound)."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-        )[0]
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
-    if token is None and not is_loopback(str(address[0])):
-        raise ConfigError(
-            f"refusing to serve runs on {host} without a token: anyone who can reach it would "
-            f"read every run; give one (--token-file, --token-env or ${TOKEN_ENV}) or listen "
-            "on 127.0.0.1"
-        )
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc}") from exc
-    return sock
+# `listen_socket(host, port, token)`: the viewer's socket, loopback only without a token.
+listen_socket = functools.partial(
+    access.listen_socket,
+    refusal="refusing to serve runs on {host} without a token: anyone who can reach it would "
+    f"read every run; give one (--token-file, --token-env or ${TOKEN_ENV}) or listen on "
+    "127.0.0.1",
+)
