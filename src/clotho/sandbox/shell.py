@@ -212,6 +212,12 @@ class _Inbox:
         self.unexpected_restarts = 0
         self.diag = bytearray()  # the last bytes dropped, for error messages
 
+    @property
+    def idle(self) -> bool:
+        """No command's marker and no restart marker is awaited: what arrives is dropped, and
+        past a budget the stream may be paused until the next command."""
+        return self._start is None and self._capture is None and not self.awaiting_restart
+
     # -- the host's side ------------------------------------------------------------------
 
     def expect(self, nonce: bytes, start: bytes, end: bytes, *, with_code: bool) -> None:
@@ -260,7 +266,7 @@ class _Inbox:
             return
         self.diag += data[-_DIAG_KEEP:]
         del self.diag[:-_DIAG_KEEP]
-        if self._start is None:  # idle, not waiting for a command's start
+        if self.idle:
             self._idle_dropped += len(data)
             if self._idle_dropped > _IDLE_BUDGET and not self._paused and not self._closing:
                 self._paused = self._reader.pause()
@@ -383,8 +389,14 @@ class ShellReader(asyncio.StreamReader):
         if self._inbox is not None:
             self._inbox.feed_eof(f"the sandbox shell's pipe failed: {exc}")
 
+    @property
+    def idle(self) -> bool:
+        """Taken over by a shell that awaits nothing on this stream (see `_Inbox.idle`)."""
+        return self._inbox is not None and self._inbox.idle
+
     def pause(self) -> bool:
-        """Stop reading the pipe (when the channel gave its transport); True if paused."""
+        """Stop reading the pipe (when the channel gave its transport); True if paused. A
+        transport may decline (raise): the next dropped bytes ask again."""
         transport = self._transport
         if transport is None or transport.is_closing():
             return False
