@@ -23,34 +23,19 @@ from collections import OrderedDict
 from typing import Any
 
 from clotho.chat.types import ModelTurn
-from clotho.gateway.wire import WireError
+from clotho.gateway.wire import WireError, text_of
 
 # Tool types that are the provider's own (run on its servers): nothing the run's model can do.
 HOSTED_TOOLS = frozenset({
     "web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search",
     "code_interpreter", "image_generation", "computer_use_preview", "mcp",
 })  # fmt: skip
-_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+# The Responses API's text parts (a refusal's text counts as text).
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "refusal")
 
 
 def _text(content: Any, where: str) -> str:
-    """A content string, or its text parts joined by newlines; an image or a file is refused."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise WireError(f"{where}: content must be a string or a list of parts")
-    texts = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if kind == "refusal":
-            texts.append(str(part.get("refusal", "")))
-            continue
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise WireError(f"{where}: only text content is supported, not {kind!r}")
-        texts.append(part["text"])
-    return "\n".join(texts)
+    return text_of(content, where, _TEXT_PARTS)
 
 
 class ResponseStore:

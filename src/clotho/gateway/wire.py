@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Collection
 from typing import Any
 
 from clotho.chat.types import ModelTurn
@@ -22,8 +23,10 @@ class WireError(ValueError):
     """A request the gateway cannot serve (malformed, or asks for what it does not support)."""
 
 
-def _text_of(content: Any, where: str) -> str:
-    """Text parts joined by newlines; anything but text (an image, a file) is refused."""
+def text_of(content: Any, where: str, kinds: Collection[str] = ("text",)) -> str:
+    """A content string, or its parts' texts joined by newlines: parts of `kinds`, and a
+    refusal's text where "refusal" is one of them; anything else (an image, a file) is
+    refused."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -32,10 +35,10 @@ def _text_of(content: Any, where: str) -> str:
         raise WireError(f"{where}: content must be a string or a list of parts")
     texts = []
     for part in content:
-        if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in kinds:
             raise WireError(f"{where}: only text content is supported, not {kind!r}")
-        text = part.get("text")
+        text = str(part.get("refusal", "")) if kind == "refusal" else part.get("text")
         if not isinstance(text, str):
             raise WireError(f"{where}: a text part has no text")
         texts.append(text)
@@ -72,7 +75,7 @@ def read_openai(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] |
         if message["role"] == "developer":
             message["role"] = "system"
         if isinstance(message.get("content"), list):
-            message["content"] = _text_of(message["content"], f"messages[{i}]")
+            message["content"] = text_of(message["content"], f"messages[{i}]")
         messages.append(message)
     tools = body.get("tools")
     if tools is None and isinstance(body.get("functions"), list):
@@ -166,7 +169,7 @@ def read_anthropic(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system:
-        messages.append({"role": "system", "content": _text_of(system, "system")})
+        messages.append({"role": "system", "content": text_of(system, "system")})
     for i, raw in enumerate(_messages_list(body)):
         if not isinstance(raw, dict) or raw.get("role") not in ("user", "assistant"):
             raise WireError(f"messages[{i}] must be an object with role user or assistant")
@@ -228,7 +231,7 @@ def _anthropic_user(blocks: list[Any], i: int) -> list[dict[str, Any]]:
         if kind == "text":
             texts.append(str(block.get("text", "")))
         elif kind == "tool_result":
-            text = _text_of(block.get("content"), f"messages[{i}] tool_result")
+            text = text_of(block.get("content"), f"messages[{i}] tool_result")
             results.append(
                 {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text}
             )
