@@ -20,7 +20,7 @@ import shutil
 import stat
 import tarfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from clotho.sandbox.host.trees import remove_tree
 
@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 XFER_MOUNT = "/.clotho"
 BIG_FILE = 1 << 20
+# What a download may bring to the host at most unless the caller says otherwise.
+DEFAULT_DOWNLOAD_LIMIT = 1 << 30
 
 # Exit codes of the file-transfer scripts run through a sandbox's shell.
 NOT_FOUND_EXIT, IS_DIR_EXIT = 80, 81
@@ -105,6 +107,26 @@ _CHUNK = 1 << 20
 
 def too_big(what: str, limit: int) -> OSError:
     return OSError(errno.EFBIG, f"bigger than the limit of {limit} bytes", what)
+
+
+class TransferFolder(Protocol):
+    """The host's side of a sandbox's transfer folder, one file by name: `XferDir` (a folder
+    on this host), the ssh backend's (on the remote host, over SFTP). What it hands out is
+    the regular file it meant or an error, whatever the sandbox put in its place."""
+
+    async def write(self, name: str, data: bytes) -> None: ...
+
+    async def read(self, name: str, max_bytes: int, what: str) -> bytes: ...
+
+    async def copy_in(self, source: Path, name: str) -> None: ...
+
+    async def tar_in(self, source: Path, name: str) -> None: ...
+
+    async def copy_out(self, name: str, target: Path, max_bytes: int, what: str) -> None: ...
+
+    async def untar_out(self, name: str, target: Path, max_bytes: int, what: str) -> None: ...
+
+    async def remove(self, name: str) -> None: ...
 
 
 class XferDir:

@@ -223,13 +223,10 @@ async def _wait_exit(execution: Any, out: CappedSink, err: CappedSink) -> dict[s
         delay = min(delay * 2, 0.5)
 
 
-# Stop every process of a whole container for good, run as root by a fresh exec (bash
-# or sh builtins only, no forks). `kill -STOP -1` freezes every process but pid 1 and the caller,
-# atomically as far as fork is concerned; then everything is killed except docker-init
-# (pid 1) and the container's main process (pid 1's oldest child: if it exited, docker-init
-# would end the container), which stays stopped: nothing is left to continue it. Rounds
-# repeat while something was still killed. Prints the main process's pid.
-STOP_CONTAINER = r"""
+# Shell (bash or sh builtins only, no forks): `self` is the caller's pid and `main` the
+# container's main process, pid 1's oldest child when pid 1 is docker-init (or tini): if it
+# exited, docker-init would end the container. Empty without an init.
+FIND_MAIN = r"""
 self=$$; main=
 read -r c1 < /proc/1/comm
 if [ "$c1" = docker-init ] || [ "$c1" = tini ]; then
@@ -240,7 +237,17 @@ if [ "$c1" = docker-init ] || [ "$c1" = tini ]; then
     [ "$2" = 1 ] || continue
     if [ -z "$best" ] || [ "${20}" -lt "$best" ]; then best=${20}; main=${d#/proc/}; fi
   done
-fi
+fi"""
+
+# Stop every process of a whole container for good, run as root by a fresh exec (bash
+# or sh builtins only, no forks). `kill -STOP -1` freezes every process but pid 1 and the caller,
+# atomically as far as fork is concerned; then everything is killed except docker-init
+# (pid 1) and the container's main process (`FIND_MAIN`), which stays stopped: nothing is
+# left to continue it. Rounds repeat while something was still killed. Prints the main
+# process's pid.
+STOP_CONTAINER = (
+    FIND_MAIN
+    + r"""
 round=0
 while [ $round -lt 50 ]; do
   kill -s STOP -- -1 2>/dev/null
@@ -258,6 +265,7 @@ while [ $round -lt 50 ]; do
 done
 echo "main=$main"
 """
+)
 
 # Run as a slot's own uid: signals reach exactly the processes of that uid (its shell, its
 # daemons, in or out of its bubblewrap), none of the neighbours'. Rounds while any is left.

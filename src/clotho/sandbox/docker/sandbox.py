@@ -138,6 +138,7 @@ class DockerSandbox(ShellBackedSandbox):
     _shared_limits = False  # slots share their container's cgroup with their neighbours
     _limit_who: str | None = None  # a slot's name: a neighbour's disk failure is not its own
     _snapshot: str | None = None  # a verification twin's image, removed with it
+    _script_shell = "bash"  # what runs `_container_script`: sh in an image without bash
 
     def __init__(
         self,
@@ -321,6 +322,18 @@ class DockerSandbox(ShellBackedSandbox):
         )  # fmt: skip
         return await self._limited(running)
 
+    async def _container_script(self, script: str) -> ExecResult:
+        """`script` (one that acts on the whole container) as root in a fresh exec: by bash,
+        or by sh once the image turned out to have no bash."""
+        while True:
+            result = await fresh_exec(
+                self.container, [self._script_shell, "-c", script],
+                env=self.fresh_env(None), timeout=60.0, cwd="/",
+            )  # fmt: skip
+            if result.exit_code not in (126, 127) or self._script_shell != "bash":
+                return result
+            self._script_shell = "sh"  # an image without bash
+
     async def stop_agent(self) -> None:
         """Freeze and kill every process but docker-init and the container's main process,
         which stays stopped (see `fresh.STOP_CONTAINER`); then check from outside, with the
@@ -329,16 +342,9 @@ class DockerSandbox(ShellBackedSandbox):
             raise SandboxError("the sandbox is closed")
         self.limits.raise_if_hit()  # a container killed past its disk quota: that is why
         self._stopped = True
-        shell = "bash"
         left: list[str] = []
         for _ in range(5):
-            result = await fresh_exec(
-                self.container, [shell, "-c", STOP_CONTAINER],
-                env=self.fresh_env(None), timeout=60.0, cwd="/",
-            )  # fmt: skip
-            if result.exit_code in (126, 127) and shell == "bash":
-                shell = "sh"  # an image without bash
-                continue
+            result = await self._container_script(STOP_CONTAINER)
             if not self.config.init:
                 await self._stop_init()
             if result.exit_code == 0 and not (left := await self._running_processes()):
@@ -360,15 +366,9 @@ class DockerSandbox(ShellBackedSandbox):
             return None
         self.limits.raise_if_hit()
         self._stopped = True
-        shell, left = "bash", []
+        left: list[str] = []
         for attempt in range(40):  # a stopped process shows `T` once it is scheduled again
-            result = await fresh_exec(
-                self.container, [shell, "-c", HOLD_CONTAINER],
-                env=self.fresh_env(None), timeout=60.0, cwd="/",
-            )  # fmt: skip
-            if result.exit_code in (126, 127) and shell == "bash":
-                shell = "sh"  # an image without bash
-                continue
+            result = await self._container_script(HOLD_CONTAINER)
             held, running = parse_hold(result.stdout)
             left = await self._running_processes() if not running else [f"{running} running"]
             if not left:

@@ -199,9 +199,16 @@ class SlotSandbox(DockerSandbox):
             self._slot_hit = f"the sandbox hit its process limit ({nproc}): its forks were refused"
             raise LimitExceeded(self._slot_hit)
 
-    async def _stop_cgroup(self) -> None:
-        """Kill everything in the slot's cgroup (forks refused first): nothing a process
-        changes about itself takes it out of there."""
+    async def _begin_stop(self) -> None:
+        """What stopping the agent starts with, isolated or not: a limit the slot or its
+        container hit is raised first (that is why it stopped), then the slot is stopped and
+        everything in its cgroup killed (forks refused first): nothing a process changes
+        about itself takes it out of there."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        self.limits.raise_if_hit(self._limit_who)  # a container killed past its disk quota
+        self._raise_if_slot_hit()
+        self._stopped = True
         if self.cgroup is not None:
             left = await asyncio.to_thread(self.cgroup.kill_all)
             if left:
@@ -211,12 +218,7 @@ class SlotSandbox(DockerSandbox):
         """Kill every process of this slot only, its neighbours untouched: everything in its
         cgroup, and everything with its token (without a slot cgroup, a process that
         cleared its environment survives without isolation)."""
-        if self._closed:
-            raise SandboxError("the sandbox is closed")
-        self.limits.raise_if_hit(self._limit_who)  # a container killed past its disk quota
-        self._raise_if_slot_hit()
-        self._stopped = True
-        await self._stop_cgroup()
+        await self._begin_stop()
         code, output = await run_exec(
             self.container, ["sh", "-c", REAP_SCRIPT, "stop", self.layout.token, "", ""]
         )
@@ -258,12 +260,7 @@ class IsolatedSlotSandbox(SlotSandbox):
         """Kill every process of the slot's uid, in or out of its bubblewrap: `kill -1` run
         as that uid reaches exactly those (`fresh.STOP_UID`); then the daemon's process list
         (nothing run in the container) must show none of them left."""
-        if self._closed:
-            raise SandboxError("the sandbox is closed")
-        self.limits.raise_if_hit(self._limit_who)  # a container killed past its disk quota
-        self._raise_if_slot_hit()
-        self._stopped = True
-        await self._stop_cgroup()
+        await self._begin_stop()
         uid = self.layout.uid
         left: list[str] = []
         for _ in range(5):

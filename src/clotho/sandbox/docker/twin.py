@@ -25,27 +25,19 @@ import stat
 from typing import Any
 
 from clotho.errors import SandboxError
+from clotho.sandbox.docker.fresh import FIND_MAIN
 
 SNAPSHOT_REPO = "clotho-snapshot"
 _COMMIT_TIMEOUT_S = 600.0
 
 # Freeze every process of the container but pid 1 (docker-init), the container's main process
-# (pid 1's oldest child, the harness's shell) and the caller, with `kill -STOP -1` in rounds
+# (`FIND_MAIN`: the harness's shell) and the caller, with `kill -STOP -1` in rounds
 # until none is left running (a fork racing the signal is caught by the next round); bash or
 # sh builtins only. Prints how many of the agent's it holds (stopped, not killed: they may
 # serve the tests): the main process's own children (the session shell) are not counted.
-HOLD_CONTAINER = r"""
-self=$$; main=
-read -r c1 < /proc/1/comm
-if [ "$c1" = docker-init ] || [ "$c1" = tini ]; then
-  best=
-  for d in /proc/[0-9]*; do
-    read -r line < "$d/stat" 2>/dev/null || continue
-    set -- ${line##*) }
-    [ "$2" = 1 ] || continue
-    if [ -z "$best" ] || [ "${20}" -lt "$best" ]; then best=${20}; main=${d#/proc/}; fi
-  done
-fi
+HOLD_CONTAINER = (
+    FIND_MAIN
+    + r"""
 round=0; held=0; running=1
 while [ $round -lt 100 ] && [ $running -gt 0 ]; do
   kill -s STOP -- -1 2>/dev/null
@@ -64,6 +56,7 @@ while [ $round -lt 100 ] && [ $running -gt 0 ]; do
 done
 echo "main=$main held=$held running=$running"
 """
+)
 # Continue what `HOLD_CONTAINER` stopped (everything but pid 1 and the caller).
 RELEASE_CONTAINER = "kill -s CONT -- -1 2>/dev/null; true\n"
 

@@ -21,6 +21,7 @@ import os
 import re
 import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,44 +175,31 @@ def _make_own(fd: int) -> None:
 
 
 def _unlink(fd: int, name: str, removal: _Removal) -> None:
-    try:
-        os.unlink(name, dir_fd=fd)
-        return
-    except FileNotFoundError:
-        return
-    except PermissionError:
-        _unstick(fd, name)
-    except OSError as exc:
-        removal.failed(name, exc)
-        return
-    try:
-        os.unlink(name, dir_fd=fd)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        removal.failed(name, exc)
+    _remove_entry(os.unlink, fd, name, removal)
 
 
 def _rmdir(fd: int, name: str, removal: _Removal) -> None:
-    try:
-        os.rmdir(name, dir_fd=fd)
-        return
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        if exc.errno == errno.EBUSY:
-            _detach_at(fd, name)
-        elif exc.errno in (errno.EPERM, errno.EACCES):
-            _unstick(fd, name)
-        else:
-            removal.failed(name, exc)
+    _remove_entry(os.rmdir, fd, name, removal)
+
+
+def _remove_entry(remove: Callable[..., None], fd: int, name: str, removal: _Removal) -> None:
+    """`remove` (`os.unlink`, `os.rmdir`) the entry `name` in `fd`, one already gone being
+    no error; after what can be undone, once more: EBUSY (a mount on it: detached), EPERM
+    or EACCES (flags, a folder not writable: cleared). A failure is recorded, not raised."""
+    for last in (False, True):
+        try:
+            remove(name, dir_fd=fd)
             return
-    try:
-        os.rmdir(name, dir_fd=fd)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        removal.failed(name, exc)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if not last and exc.errno == errno.EBUSY:
+                _detach_at(fd, name)
+            elif not last and exc.errno in (errno.EPERM, errno.EACCES):
+                _unstick(fd, name)
+            else:
+                removal.failed(name, exc)
+                return
 
 
 def _unstick(fd: int, name: str) -> None:

@@ -39,7 +39,6 @@ import shlex
 import shutil
 import signal
 import stat
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Unpack
@@ -61,15 +60,10 @@ from clotho.sandbox.local.fresh import digests_at, run_fresh_call
 from clotho.sandbox.local.limits import SandboxLimits
 from clotho.sandbox.local.netguard import guard_host_addresses
 from clotho.sandbox.shell import PersistentShell
-from clotho.sandbox.shell_backed import ShellBackedSandbox
+from clotho.sandbox.shell_backed import FolderTransferSandbox
 from clotho.sandbox.transfer import (
-    IS_DIR_EXIT,
-    NOT_FOUND_EXIT,
-    NOT_REGULAR_EXIT,
-    TOO_BIG_EXIT,
     XFER_MOUNT,
     XferDir,
-    remove_host_tree,
 )
 
 # The host's system trees, as the host has them (a folder bound read-only, or a link such as
@@ -114,7 +108,6 @@ _ETC_WRITTEN = {
 }
 _NAMESPACES = (("user", "user"), ("mount", "mnt"), ("pid", "pid"), ("net", "net"),
                ("ipc", "ipc"), ("uts", "uts"))  # fmt: skip
-DEFAULT_DOWNLOAD_LIMIT = 1 << 30
 
 INSTALL_HINT = (
     "bubblewrap (bwrap) is not installed; the local sandbox refuses to run without it. "
@@ -368,8 +361,10 @@ def _init_pid(outer: int) -> int:
     raise SandboxError("the sandbox's init process was not found")
 
 
-class BwrapSandbox(ShellBackedSandbox):
+class BwrapSandbox(FolderTransferSandbox):
     limits: SandboxLimits  # memory, processes, CPU, storage (limits.py)
+    _xfer: XferDir  # files cross `<state>/xfer`, bound at `XFER_MOUNT` (`FolderTransferSandbox`)
+    _xfer_inner = XFER_MOUNT
 
     def __init__(self, config: LocalSandboxConfig, state: Path, shell: PersistentShell,
                  labels: dict[str, str], *, uid: int | None = None,
@@ -641,94 +636,6 @@ class BwrapSandbox(ShellBackedSandbox):
             return None
         return found
 
-    # -- files -------------------------------------------------------------------------------
-
-    def _xfer_name(self) -> tuple[str, str]:
-        name = uuid.uuid4().hex
-        return name, f"{XFER_MOUNT}/{name}"
-
-    async def read_file(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
-        self._check_live()
-        path = self.resolve(path)
-        name, inner = self._xfer_name()
-        try:
-            await self._transfer(_regular_to(path, inner, max_bytes), path, max_bytes)
-            return await self._xfer.read(name, max_bytes, path)
-        finally:
-            await self._xfer.remove(name)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        self._check_live()
-        path = self.resolve(path)
-        name, inner = self._xfer_name()
-        try:
-            await self._xfer.write(name, data)
-            await self._put_from_xfer(inner, path)
-        finally:
-            await self._xfer.remove(name)
-
-    async def _put_from_xfer(self, inner: str, path: str) -> None:
-        """Have the shell copy the transfer file `inner` to `path`."""
-        q = shlex.quote(path)
-        await self._transfer(
-            f'[ -d {q} ] && exit {IS_DIR_EXIT}; mkdir -p -- "$(dirname -- {q})" && '
-            f"cat -- {inner} > {q}",
-            path,
-        )
-
-    async def upload(self, local: Path, remote: str) -> None:
-        self._check_live()
-        remote = self.resolve(remote)
-        name, inner = self._xfer_name()
-        try:
-            if local.is_file():  # copied, not read: a big file never sits in memory
-                await self._xfer.copy_in(local, name)
-                await self._put_from_xfer(inner, remote)
-                return
-            if not local.is_dir():
-                raise FileNotFoundError(f"no such file or directory on the host: {local}")
-            await self._xfer.tar_in(local, name)
-            q = shlex.quote(remote)
-            await self._transfer(
-                f"mkdir -p -- {q} && tar -x --no-same-owner -f {inner} -C {q}", remote
-            )
-        finally:
-            await self._xfer.remove(name)
-
-    async def download(
-        self, remote: str, local: Path, *, max_bytes: int = DEFAULT_DOWNLOAD_LIMIT
-    ) -> None:
-        """A file, or a tree (as a tar made inside, unpacked on the host with no link leading
-        out of `local`); at most `max_bytes` in all, else OSError(EFBIG)."""
-        self._check_live()
-        remote = self.resolve(remote)
-        if local.exists():
-            raise FileExistsError(f"download target already exists: {local}")
-        name, inner = self._xfer_name()
-        q = shlex.quote(remote)
-        script = (
-            f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; if [ -d {q} ]; then echo d; "
-            f"{{ tar -c -f - -C {q} . 2>/dev/null; }} | head -c {max_bytes + 1} > {inner}; "
-            f"else stat -L -c %a -- {q} && {_regular_to(remote, inner, max_bytes)}; fi"
-        )
-        try:
-            result = await self._transfer(script, remote, max_bytes)
-            local.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                if result.stdout.startswith("d"):
-                    await self._xfer.untar_out(name, local, max_bytes, remote)
-                else:
-                    await self._xfer.copy_out(name, local, max_bytes, remote)
-                    os.chmod(local, int(result.stdout.split()[0], 8) & 0o777)
-            except BaseException:
-                if local.is_dir() and not local.is_symlink():
-                    await remove_host_tree(local)
-                else:
-                    local.unlink(missing_ok=True)
-                raise
-        finally:
-            await self._xfer.remove(name)
-
     # -- teardown ------------------------------------------------------------------------------
 
     async def _end_processes(self) -> None:
@@ -760,19 +667,6 @@ class BwrapSandbox(ShellBackedSandbox):
         self._xfer.close()
         await self.limits.close()  # the storage watch, and cgroups the freezer's close left
         await asyncio.to_thread(remove_state_dir, self.state)
-
-
-def _regular_to(path: str, inner: str, max_bytes: int) -> str:
-    """Shell: copy the regular file `path` (links followed inside the sandbox) to `inner`, or
-    exit with the code for missing, directory, not regular, or bigger than `max_bytes`. `head`
-    bounds the copy even if the file changes between the checks and the read."""
-    q = shlex.quote(path)
-    return (
-        f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; "
-        f"[ -f {q} ] || exit {NOT_REGULAR_EXIT}; "
-        f'[ "$(stat -L -c %s -- {q})" -le {max_bytes} ] || exit {TOO_BIG_EXIT}; '
-        f"head -c {max_bytes + 1} -- {q} > {inner}"
-    )
 
 
 # -- what changed: walked from the host, no link followed ------------------------------------

@@ -43,9 +43,14 @@ from clotho.sandbox.local.config import UnsafeLocalSandboxConfig
 from clotho.sandbox.local.fresh import digests_at, run_fresh_call
 from clotho.sandbox.shell import PersistentShell
 from clotho.sandbox.shell_backed import ShellBackedSandbox
-from clotho.sandbox.transfer import copy_host_file, read_host_file, too_big, write_host_file
+from clotho.sandbox.transfer import (
+    DEFAULT_DOWNLOAD_LIMIT,
+    copy_host_file,
+    read_host_file,
+    too_big,
+    write_host_file,
+)
 
-DEFAULT_DOWNLOAD_LIMIT = 1 << 30
 # The harness's folders: private to each sandbox (bound from its state folder).
 PRIVATE_DIRS = ("tests", "logs", "solution")
 # Without root: verifications on this host take turns under this lock.

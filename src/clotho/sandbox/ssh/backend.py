@@ -30,7 +30,6 @@ import socket
 import tarfile
 import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,18 +40,13 @@ from clotho.sandbox.backends import OpenRequest, SandboxBackend
 from clotho.sandbox.base import ExecResult, FreshCall, Sandbox
 from clotho.sandbox.config import base_env
 from clotho.sandbox.host.leases import SandboxRecord, lease_labels
-from clotho.sandbox.shell import PersistentShell, ShellChannel, ShellReader, _Command
-from clotho.sandbox.shell_backed import ShellBackedSandbox
+from clotho.sandbox.shell import PersistentShell, ShellChannel, _Command
+from clotho.sandbox.shell_backed import FolderTransferSandbox
 from clotho.sandbox.ssh import remote
 from clotho.sandbox.ssh.config import SshSandboxConfig
 from clotho.sandbox.transfer import (
     BIG_FILE,
-    IS_DIR_EXIT,
-    NOT_FOUND_EXIT,
-    NOT_REGULAR_EXIT,
-    TOO_BIG_EXIT,
     add_tree,
-    remove_host_tree,
     too_big,
     unpack_tar,
 )
@@ -65,7 +59,6 @@ log = logging.getLogger(__name__)
 OWNER_START = "clotho.owner-start"  # the owner's start time: a reused pid is not the owner
 ISOLATION = "clotho.ssh-isolation"  # bwrap | none, as the sandbox started
 HOST = "clotho.ssh-host"
-DEFAULT_DOWNLOAD_LIMIT = 1 << 30
 _CONTROL_TIMEOUT_S = 60.0
 _CHUNK = 4 << 20
 
@@ -345,25 +338,18 @@ class _Session:
 
 
 class _Flow:
-    """What a stream's `ShellReader` pauses when it floods between commands: the SSH channel.
-    Its window then fills, and the remote writer blocks until the next command resumes it.
+    """What a `ShellReader` pauses when a stream floods between commands: the SSH channel
+    (both streams). Its window then fills, and the remote writer blocks until the next
+    command resumes it."""
 
-    One channel carries both streams, so pausing it stops both: a stream may pause it only
-    while the other awaits no marker either. Otherwise the request is declined (raised) and
-    made again with the next bytes dropped; pausing anyway left the other stream's end
-    marker unread, and the command waiting forever (seen under load)."""
-
-    def __init__(self, channel: SshChannel, other: ShellReader) -> None:
+    def __init__(self, channel: SshChannel) -> None:
         self._channel = channel
-        self._other = other
 
     def is_closing(self) -> bool:
         chan = self._channel._chan
         return chan is None or bool(chan.is_closing())
 
     def pause_reading(self) -> None:
-        if not self._other.idle:
-            raise RuntimeError("the other stream still awaits a marker")
         self._channel._chan.pause_reading()
 
     def resume_reading(self) -> None:
@@ -392,8 +378,9 @@ class SshChannel(ShellChannel):
             )
         except (OSError, asyncssh.Error) as exc:
             raise SandboxError(f"cannot start the sandbox shell over ssh: {exc}") from exc
-        self.stdout.set_transport(_Flow(self, self.stderr))  # type: ignore[arg-type]
-        self.stderr.set_transport(_Flow(self, self.stdout))  # type: ignore[arg-type]
+        flow = _Flow(self)
+        self.stdout.set_transport(flow)  # type: ignore[arg-type]
+        self.stderr.set_transport(flow)  # type: ignore[arg-type]
 
     async def write(self, data: bytes) -> None:
         chan = self._chan
@@ -442,8 +429,94 @@ class _RemoteShell(PersistentShell):
 # -- the sandbox ------------------------------------------------------------------------------
 
 
-class SshSandbox(ShellBackedSandbox):
+class _SftpFolder:
+    """The sandbox's transfer folder on the remote host, over SFTP (a `TransferFolder`): a
+    file is put in `xfer/`, which the sandbox sees, and taken out of its reach (renamed into
+    `priv/`) before it is read."""
+
+    def __init__(self, conn: asyncssh.SSHClientConnection, folder: str) -> None:
+        self._conn = conn
+        self._folder = folder
+        self._sftp: Any = None
+
+    async def _client(self) -> Any:
+        import asyncssh
+
+        if self._sftp is None:
+            try:
+                self._sftp = await self._conn.start_sftp_client()
+            except (OSError, asyncssh.Error) as exc:
+                raise SandboxError(f"cannot start SFTP to the sandbox's host: {exc}") from exc
+        return self._sftp
+
+    def drop(self) -> None:
+        """Forget the SFTP client (its connection is closing)."""
+        self._sftp = None
+
+    async def _take(self, name: str, max_bytes: int, what: str) -> Any:
+        """Move the sandbox's transfer file out of its reach (a rename: the entry itself, a
+        link stays a link), then open it if it is a regular file within `max_bytes`."""
+        import asyncssh
+
+        sftp = await self._client()
+        taken = f"{self._folder}/priv/{name}"
+        try:
+            await sftp.posix_rename(f"{self._folder}/xfer/{name}", taken)
+            attrs = await sftp.lstat(taken)
+        except asyncssh.SFTPNoSuchFile as exc:
+            raise FileNotFoundError(f"the sandbox's transfer file is gone: {what}") from exc
+        if attrs.type != asyncssh.FILEXFER_TYPE_REGULAR:
+            raise OSError(errno.EPERM, "the sandbox replaced a transfer file", what)
+        if (attrs.size or 0) > max_bytes:
+            raise too_big(what, max_bytes)
+        return await sftp.open(taken, "rb")
+
+    async def write(self, name: str, data: bytes) -> None:
+        sftp = await self._client()
+        async with sftp.open(f"{self._folder}/xfer/{name}", "xb") as file:
+            await file.write(data)
+
+    async def read(self, name: str, max_bytes: int, what: str) -> bytes:
+        async with await self._take(name, max_bytes, what) as file:
+            data: bytes = await file.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise too_big(what, max_bytes)
+        return data
+
+    async def copy_in(self, source: Path, name: str) -> None:
+        sftp = await self._client()
+        await sftp.put(str(source), f"{self._folder}/xfer/{name}")
+
+    async def tar_in(self, source: Path, name: str) -> None:
+        sftp = await self._client()
+        with tempfile.TemporaryDirectory(prefix="clotho-ssh-") as tmp:
+            tar_path = Path(tmp) / "tree.tar"
+            await asyncio.to_thread(_pack, source, tar_path)
+            await sftp.put(str(tar_path), f"{self._folder}/xfer/{name}")
+
+    async def copy_out(self, name: str, target: Path, max_bytes: int, what: str) -> None:
+        async with await self._take(name, max_bytes, what) as file:
+            await _fetch(file, target, max_bytes, what)
+
+    async def untar_out(self, name: str, target: Path, max_bytes: int, what: str) -> None:
+        async with await self._take(name, max_bytes, what) as file:
+            with tempfile.TemporaryDirectory(prefix="clotho-ssh-") as tmp:
+                tar_path = Path(tmp) / "tree.tar"
+                await _fetch(file, tar_path, max_bytes, what)
+                await asyncio.to_thread(_unpack, tar_path, target, max_bytes, what)
+
+    async def remove(self, name: str) -> None:
+        """Remove a transfer file (unlinked, never followed) from xfer/ and priv/."""
+        sftp = await self._client()
+        for place in ("xfer", "priv"):
+            with contextlib.suppress(Exception):
+                await sftp.remove(f"{self._folder}/{place}/{name}")
+
+
+class SshSandbox(FolderTransferSandbox):
     """A sandbox on the remote host: its folder, its connection, its shell."""
+
+    _xfer: _SftpFolder
 
     def __init__(
         self,
@@ -463,9 +536,9 @@ class SshSandbox(ShellBackedSandbox):
         self._backend = backend
         self._fresh = fresh  # how `exec_fresh` starts: `remote.fresh`'s keyword arguments
         self.folder = folder
-        self._xfer = xfer  # the transfer folder as the sandbox sees it
+        self._xfer = _SftpFolder(conn, folder)
+        self._xfer_inner = xfer  # the transfer folder as the sandbox sees it
         self.facts = facts
-        self._sftp: Any = None
 
     @classmethod
     async def create(
@@ -583,147 +656,7 @@ class SshSandbox(ShellBackedSandbox):
             await asyncio.shield(_discard(backend, conn, folder))
             raise
 
-    # -- files ----------------------------------------------------------------------------
-
-    async def _client(self) -> Any:
-        import asyncssh
-
-        if self._sftp is None:
-            try:
-                self._sftp = await self._conn.start_sftp_client()
-            except (OSError, asyncssh.Error) as exc:
-                raise SandboxError(f"cannot start SFTP to the sandbox's host: {exc}") from exc
-        return self._sftp
-
-    def _xfer_name(self) -> tuple[str, str, str]:
-        """(name, path inside the sandbox, path on the remote host)."""
-        name = uuid.uuid4().hex
-        return name, f"{self._xfer}/{name}", f"{self.folder}/xfer/{name}"
-
-    async def _forget(self, name: str) -> None:
-        """Remove a transfer file (unlinked, never followed) from xfer/ and priv/."""
-        sftp = await self._client()
-        for place in ("xfer", "priv"):
-            with contextlib.suppress(Exception):
-                await sftp.remove(f"{self.folder}/{place}/{name}")
-
-    async def _take(self, name: str, max_bytes: int, what: str) -> tuple[Any, int]:
-        """Move the sandbox's transfer file out of its reach (a rename: the entry itself, a
-        link stays a link), then open it if it is a regular file within `max_bytes`."""
-        import asyncssh
-
-        sftp = await self._client()
-        taken = f"{self.folder}/priv/{name}"
-        try:
-            await sftp.posix_rename(f"{self.folder}/xfer/{name}", taken)
-            attrs = await sftp.lstat(taken)
-        except asyncssh.SFTPNoSuchFile as exc:
-            raise FileNotFoundError(f"the sandbox's transfer file is gone: {what}") from exc
-        if attrs.type != asyncssh.FILEXFER_TYPE_REGULAR:
-            raise OSError(errno.EPERM, "the sandbox replaced a transfer file", what)
-        if (attrs.size or 0) > max_bytes:
-            raise too_big(what, max_bytes)
-        return await sftp.open(taken, "rb"), int(attrs.size or 0)
-
-    async def _put(self, data: bytes, name: str) -> None:
-        sftp = await self._client()
-        async with sftp.open(f"{self.folder}/xfer/{name}", "xb") as file:
-            await file.write(data)
-
-    async def read_file(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
-        self._check_live()
-        path = self.resolve(path)
-        name, inner, _ = self._xfer_name()
-        try:
-            await self._transfer(_regular_to(path, inner, max_bytes), path, max_bytes)
-            file, _size = await self._take(name, max_bytes, path)
-            async with file:
-                data: bytes = await file.read(max_bytes + 1)
-            if len(data) > max_bytes:
-                raise too_big(path, max_bytes)
-            return data
-        finally:
-            await self._forget(name)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        self._check_live()
-        path = self.resolve(path)
-        name, inner, _ = self._xfer_name()
-        try:
-            await self._put(data, name)
-            await self._put_from_xfer(inner, path)
-        finally:
-            await self._forget(name)
-
-    async def _put_from_xfer(self, inner: str, path: str) -> None:
-        q = shlex.quote(path)
-        await self._transfer(
-            f'[ -d {q} ] && exit {IS_DIR_EXIT}; mkdir -p -- "$(dirname -- {q})" && '
-            f"cat -- {inner} > {q}",
-            path,
-        )
-
-    async def upload(self, local: Path, remote_path: str) -> None:
-        self._check_live()
-        target = self.resolve(remote_path)
-        name, inner, on_host = self._xfer_name()
-        sftp = await self._client()
-        try:
-            if local.is_file():
-                await sftp.put(str(local), on_host)
-                await self._put_from_xfer(inner, target)
-                return
-            if not local.is_dir():
-                raise FileNotFoundError(f"no such file or directory on the host: {local}")
-            with tempfile.TemporaryDirectory(prefix="clotho-ssh-") as tmp:
-                tar_path = Path(tmp) / "tree.tar"
-                await asyncio.to_thread(_pack, local, tar_path)
-                await sftp.put(str(tar_path), on_host)
-            q = shlex.quote(target)
-            await self._transfer(
-                f"mkdir -p -- {q} && tar -x --no-same-owner -f {inner} -C {q}", target
-            )
-        finally:
-            await self._forget(name)
-
-    async def download(
-        self, remote_path: str, local: Path, *, max_bytes: int = DEFAULT_DOWNLOAD_LIMIT
-    ) -> None:
-        """A file, or a tree (a tar made inside, unpacked here with no link leading out of
-        `local`); at most `max_bytes` in all, else OSError(EFBIG)."""
-        self._check_live()
-        source = self.resolve(remote_path)
-        if local.exists():
-            raise FileExistsError(f"download target already exists: {local}")
-        name, inner, _ = self._xfer_name()
-        q = shlex.quote(source)
-        script = (
-            f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; if [ -d {q} ]; then echo d; "
-            f"{{ tar -c -f - -C {q} . 2>/dev/null; }} | head -c {max_bytes + 1} > {inner}; "
-            f"else stat -L -c %a -- {q} && {_regular_to(source, inner, max_bytes)}; fi"
-        )
-        try:
-            result = await self._transfer(script, source, max_bytes)
-            local.parent.mkdir(parents=True, exist_ok=True)
-            file, _size = await self._take(name, max_bytes, source)
-            try:
-                async with file:
-                    if result.stdout.startswith("d"):
-                        with tempfile.TemporaryDirectory(prefix="clotho-ssh-") as tmp:
-                            tar_path = Path(tmp) / "tree.tar"
-                            await _fetch(file, tar_path, max_bytes, source)
-                            await asyncio.to_thread(_unpack, tar_path, local, max_bytes, source)
-                    else:
-                        await _fetch(file, local, max_bytes, source)
-                        os.chmod(local, int(result.stdout.split()[0], 8) & 0o777)
-            except BaseException:
-                if local.is_dir() and not local.is_symlink():
-                    await remove_host_tree(local)
-                else:
-                    local.unlink(missing_ok=True)
-                raise
-        finally:
-            await self._forget(name)
+    # -- files: through the transfer folder (`FolderTransferSandbox`, `_SftpFolder`) ---------
 
     # -- verification -----------------------------------------------------------------------
 
@@ -819,7 +752,7 @@ class SshSandbox(ShellBackedSandbox):
         await _discard(self._backend, None, self.folder)
 
     async def _release(self) -> None:
-        self._sftp = None
+        self._xfer.drop()
         await _discard(self._backend, self._conn, None)
 
 
@@ -841,18 +774,6 @@ async def _discard(
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(10):
                     await conn.wait_closed()
-
-
-def _regular_to(path: str, inner: str, max_bytes: int) -> str:
-    """Shell: copy the regular file `path` to `inner`, or exit with the code for missing,
-    directory, not regular, or bigger than `max_bytes` (as the local backend does)."""
-    q = shlex.quote(path)
-    return (
-        f"[ -e {q} ] || exit {NOT_FOUND_EXIT}; [ -d {q} ] && exit {IS_DIR_EXIT}; "
-        f"[ -f {q} ] || exit {NOT_REGULAR_EXIT}; "
-        f'[ "$(stat -L -c %s -- {q})" -le {max_bytes} ] || exit {TOO_BIG_EXIT}; '
-        f"head -c {max_bytes + 1} -- {q} > {inner}"
-    )
 
 
 async def _fetch(file: Any, target: Path, max_bytes: int, what: str) -> None:
