@@ -40,7 +40,7 @@ from clotho.sandbox.backends import OpenRequest, SandboxBackend
 from clotho.sandbox.base import ExecResult, FreshCall, Sandbox
 from clotho.sandbox.config import base_env
 from clotho.sandbox.host.leases import SandboxRecord, lease_labels
-from clotho.sandbox.shell import PersistentShell, ShellChannel, _Command
+from clotho.sandbox.shell import PersistentShell, ShellChannel, ShellReader, _Command
 from clotho.sandbox.shell_backed import FolderTransferSandbox
 from clotho.sandbox.ssh import remote
 from clotho.sandbox.ssh.config import SshSandboxConfig
@@ -338,18 +338,25 @@ class _Session:
 
 
 class _Flow:
-    """What a `ShellReader` pauses when a stream floods between commands: the SSH channel
-    (both streams). Its window then fills, and the remote writer blocks until the next
-    command resumes it."""
+    """What a stream's `ShellReader` pauses when it floods between commands: the SSH channel.
+    Its window then fills, and the remote writer blocks until the next command resumes it.
 
-    def __init__(self, channel: SshChannel) -> None:
+    One channel carries both streams, so pausing it stops both: a stream may pause it only
+    while the other awaits no marker either. Otherwise the request is declined (raised) and
+    made again with the next bytes dropped; pausing anyway left the other stream's end
+    marker unread, and the command waiting forever (seen under load)."""
+
+    def __init__(self, channel: SshChannel, other: ShellReader) -> None:
         self._channel = channel
+        self._other = other
 
     def is_closing(self) -> bool:
         chan = self._channel._chan
         return chan is None or bool(chan.is_closing())
 
     def pause_reading(self) -> None:
+        if not self._other.idle:
+            raise RuntimeError("the other stream still awaits a marker")
         self._channel._chan.pause_reading()
 
     def resume_reading(self) -> None:
@@ -378,9 +385,8 @@ class SshChannel(ShellChannel):
             )
         except (OSError, asyncssh.Error) as exc:
             raise SandboxError(f"cannot start the sandbox shell over ssh: {exc}") from exc
-        flow = _Flow(self)
-        self.stdout.set_transport(flow)  # type: ignore[arg-type]
-        self.stderr.set_transport(flow)  # type: ignore[arg-type]
+        self.stdout.set_transport(_Flow(self, self.stderr))  # type: ignore[arg-type]
+        self.stderr.set_transport(_Flow(self, self.stdout))  # type: ignore[arg-type]
 
     async def write(self, data: bytes) -> None:
         chan = self._chan
