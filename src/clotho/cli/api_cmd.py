@@ -22,7 +22,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from clotho.cli.signals import Terminated, cancel_on_signals
-from clotho.cli.token_source import made_token_file, resolve_token
+from clotho.cli.token_source import made_token_file, print_source, resolve_token
 from clotho.errors import ClothoError, ConfigError
 
 console = Console(stderr=True)
@@ -151,9 +151,7 @@ def api_command(
                         soft_wrap=True,
                     )
                 elif source is not None:
-                    console.print(f"token: read from {escape(source.origin)}", soft_wrap=True)
-                    for warning in source.warnings:
-                        console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+                    print_source(console, source)
                 else:
                     console.print(
                         "[yellow]warning:[/] --no-auth: any process on this machine can wipe or "

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from clotho.cli.token_source import resolve_token
+from clotho.cli.token_source import print_source, resolve_token
 from clotho.errors import ClothoError
 
 console = Console(stderr=True)
@@ -80,9 +80,7 @@ def serve_model_command(
         soft_wrap=True,
     )
     if source is not None:
-        console.print(f"token: read from {escape(source.origin)}", soft_wrap=True)
-        for warning in source.warnings:
-            console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
+        print_source(console, source)
     else:
         console.print(
             f"no token (--token-file, --token-env or {TOKEN_ENV}): serving loopback clients only"

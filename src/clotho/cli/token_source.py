@@ -18,6 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
+from rich.markup import escape
+
 from clotho.errors import ConfigError
 
 MAX_TOKEN_FILE_BYTES = 4096
@@ -76,6 +79,13 @@ def resolve_token(
             checked(value, f"${default_env}"), f"the environment variable {default_env}"
         )
     return None
+
+
+def print_source(console: Console, source: TokenSource) -> None:
+    """Where the server's token was read from (never the token), and what is unsafe about it."""
+    console.print(f"token: read from {escape(source.origin)}", soft_wrap=True)
+    for warning in source.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
 
 
 def read_token_file(path: Path) -> TokenSource:
