@@ -23,6 +23,7 @@ import shlex
 import tarfile
 from importlib import metadata
 from pathlib import Path
+from typing import Literal
 
 from clotho.errors import TamperError, VerifierError
 from clotho.rollout.outcome import VerifierOutcome
@@ -156,8 +157,11 @@ async def _fresh(sandbox: Sandbox, cmd: str, what: str, **kwargs: object) -> str
     return await fresh_exec(sandbox, cmd, what, **kwargs)
 
 
-async def _read_capped(sandbox: Sandbox, path: str, cap: int) -> str | None:
-    """A regular file's text (None when missing or not a regular file), cut at `cap`."""
+async def _read_capped(
+    sandbox: Sandbox, path: str, cap: int, *, end: Literal["head", "tail"] = "head"
+) -> str | None:
+    """A regular file's text (None when missing or not a regular file), cut at `cap`: its
+    first `cap` bytes, or with `end="tail"` its last (a runner's summary ends its log)."""
     quoted = shlex.quote(path)
     kind = await _fresh(
         sandbox,
@@ -167,7 +171,7 @@ async def _read_capped(sandbox: Sandbox, path: str, cap: int) -> str | None:
     if kind.strip() != "yes":
         return None
     return await _fresh(
-        sandbox, f"head -c {cap} -- {quoted}", f"read {path}", max_output_bytes=cap + 1
+        sandbox, f"{end} -c {cap} -- {quoted}", f"read {path}", max_output_bytes=cap + 1
     )
 
 
@@ -271,21 +275,6 @@ echo $? > "$D/out/test.rc"
 """
 
 
-async def _read_tail(sandbox: Sandbox, path: str, cap: int) -> str | None:
-    """A regular file's last `cap` bytes (a runner's summary is at the end of its log)."""
-    quoted = shlex.quote(path)
-    kind = await _fresh(
-        sandbox,
-        f"if [ -L {quoted} ] || [ ! -f {quoted} ]; then echo no; else echo yes; fi",
-        f"inspect {path}",
-    )
-    if kind.strip() != "yes":
-        return None
-    return await _fresh(
-        sandbox, f"tail -c {cap} -- {quoted}", f"read {path}", max_output_bytes=cap + 1
-    )
-
-
 async def _run_logged(
     instance: SweInstance,
     spec: ResolvedSpec | None,
@@ -301,13 +290,13 @@ async def _run_logged(
         _log_script(instance, spec, testbed), timeout=timeout_s, env=LOG_TEST_ENV, cwd=testbed
     )
     await sandbox.stop_agent()  # whatever the tests started (the agent's code among it)
-    log = await _read_tail(sandbox, f"{WORK}/out/test.log", JUNIT_MAX_BYTES)
+    log = await _read_capped(sandbox, f"{WORK}/out/test.log", JUNIT_MAX_BYTES, end="tail")
     if log is None:
         detail = (result.stdout + result.stderr).strip()[-1500:]
         raise VerifierError(
             f"the test command left no log (exit code {result.exit_code}): {detail}"
         )
-    setup = await _read_tail(sandbox, f"{WORK}/out/setup.log", 4000) or ""
+    setup = await _read_capped(sandbox, f"{WORK}/out/setup.log", 4000, end="tail") or ""
     rc = (await _read_capped(sandbox, f"{WORK}/out/test.rc", 16) or "").strip()
     found = parse(log)
     if not found and rc in ("126", "127") and not result.timed_out:
