@@ -20,7 +20,7 @@ from clotho.data import DatasetSource, Record, peek, read_records
 from clotho.data.files import parquet_columns
 from clotho.errors import TaskError, describe_validation_error
 from clotho.swe.install_cache import InstallCacheOptions
-from clotho.swe.log_parsers import get_parser
+from clotho.swe.specs import known_log_parser
 
 INSTANCE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -102,15 +102,7 @@ class SweInstance(BaseModel):
 
     _lists = field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")(_test_list)
 
-    @field_validator("log_parser")
-    @classmethod
-    def _log_parser(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                get_parser(value)
-            except KeyError as exc:
-                raise ValueError(exc.args[0]) from None
-        return value
+    _log_parser = field_validator("log_parser")(known_log_parser)
 
     @field_validator("version", mode="before")
     @classmethod

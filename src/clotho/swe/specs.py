@@ -42,6 +42,16 @@ NON_TEST_EXTS = (
 Directives = Literal["test_patch", "test_patch_modules", "listed_files", "none"]
 
 
+def known_log_parser(value: str | None) -> str | None:
+    """A `log_parser` field's check: the name is one of `clotho.swe.log_parsers`."""
+    if value is not None:
+        try:
+            get_parser(value)
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
+    return value
+
+
 class _Fields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -52,15 +62,7 @@ class _Fields(BaseModel):
     test_cmd: str | None = Field(None, description="the test command, before its arguments")
     log_parser: str | None = Field(None, description="a name in clotho.swe.log_parsers")
 
-    @field_validator("log_parser")
-    @classmethod
-    def _known(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                get_parser(value)
-            except KeyError as exc:
-                raise ValueError(exc.args[0]) from None
-        return value
+    _known = field_validator("log_parser")(known_log_parser)
 
 
 class VersionSpec(_Fields):
