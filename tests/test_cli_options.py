@@ -20,7 +20,7 @@ from clotho.sandbox import LocalSandboxConfig
 from clotho.sandbox.config import register, sandbox_kinds, unregister
 
 COMMANDS = ("eval", "generate", "process", "serve", "evaluate")
-# The options of clotho/cli/options.py (and sft_options.py) more than one command takes.
+# The options of clotho/cli/options.py more than one command takes.
 SHARED = {
     "--config", "--set", "--model", "--api", "--tokenizer", "--tool-parser", "--base-url",
     "--api-key-env", "--temperature", "--max-tokens", "--max-turns", "--system-prompt",
