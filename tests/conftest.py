@@ -53,8 +53,16 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
     _note_ci_skip(report)
 
 
+# CLOTHO_TEST_TIMES=<file>: each test phase's duration appended as it ends (node id, phase,
+# seconds), so a run cut short still tells where its time went.
+_TIMES = os.environ.get("CLOTHO_TEST_TIMES")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _note_ci_skip(report)
+    if _TIMES:
+        with open(_TIMES, "a") as out:
+            out.write(f"{report.nodeid}\t{report.when}\t{report.duration:.2f}\n")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
