@@ -1,6 +1,6 @@
 """What the sandbox tests share: one fixture per backend's sandbox (and one over all of them,
-for the contract every backend keeps), the host-side process probes, and a thread pool that
-shows whether a step leaves the event loop.
+for the contract every backend keeps), the host-side process and mount probes, task images
+made for a test, and a thread pool that shows whether a step leaves the event loop.
 
 A test module loads the fixtures with `pytest_plugins = ("tests.sandbox_fixtures",)` and
 imports the helpers. The contract tests themselves live in tests/test_sandbox_backends.py; a
@@ -10,12 +10,14 @@ backend's own behaviour stays in its own file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -27,6 +29,8 @@ from tests.support import PATIENCE_S, wait_until
 from clotho.sandbox import LocalSandboxConfig, UnsafeLocalSandboxConfig, open_sandbox
 from clotho.sandbox.base import Sandbox
 from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.docker import images
+from clotho.sandbox.host import quota
 from clotho.sandbox.local.bwrap import BwrapSandbox
 
 P = ParamSpec("P")
@@ -37,6 +41,9 @@ requires_bwrap = pytest.mark.skipif(
     reason="bubblewrap (bwrap) is not installed: apt-get install bubblewrap",
 )
 requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlay, uids and cgroups need root")
+requires_quota = pytest.mark.skipif(
+    quota.unavailable() is not None, reason=str(quota.unavailable())
+)
 
 # The bubblewrap sandbox's two roots: the host's read-only, or an overlay (root only).
 ROOT_MODES = ["ro", pytest.param("overlay", marks=requires_root)]
@@ -94,7 +101,65 @@ def dead_pid() -> int:
     return proc.pid
 
 
+# --- mounts and disk images on the host -------------------------------------------------------
+
+
+def mounts_at(path: Path) -> list[str]:
+    """The mount points at `path` or below it."""
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return [p for p in points if p == str(path) or p.startswith(f"{path}/")]
+
+
+def loop_backing(device: str) -> str:
+    """The file a loop device is attached to, "" when it is free."""
+    try:
+        return Path(f"/sys/block/{Path(device).name}/loop/backing_file").read_text()
+    except OSError:
+        return ""
+
+
+def image_blocks(folder: Path) -> int:
+    """Bytes the disk image of a quota'd `folder` (a sandbox's state, a container's layer)
+    takes on the host: it lies in the folder, under the mount it backs, so a bind of the
+    parent without its submounts shows it."""
+    view = Path(tempfile.mkdtemp(prefix="clotho-under-"))
+    subprocess.run(["mount", "--bind", str(folder.parent), str(view)], check=True)
+    try:
+        return (view / folder.name / quota.IMAGE_NAME).stat().st_blocks * 512
+    finally:
+        subprocess.run(["umount", str(view)], check=True)
+        view.rmdir()
+
+
+@contextlib.contextmanager
+def outside_folder(tmp_path: Path) -> Iterator[Path]:
+    """A host folder an agent's link points at: removal must not follow the link into it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("host data")
+    yield outside
+    assert (outside / "keep").read_text() == "host data"
+
+
+@pytest.fixture
+def docker_quota_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The containers' own file systems are opt-in (docker/quota.py): tests that judge them
+    turn them on."""
+    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "1")
+
+
 # --- sandboxes -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    """A bubblewrap sandbox with the default settings, where agents and tools run (a module
+    that needs another kind of sandbox defines its own `sandbox`, which wins)."""
+    sb = await open_sandbox(LocalSandboxConfig())
+    try:
+        yield sb
+    finally:
+        await sb.close()
 
 
 @pytest.fixture(params=ROOT_MODES)
@@ -170,6 +235,50 @@ async def any_sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIt
         yield sb
     finally:
         await sb.close()
+
+
+# --- task images ---------------------------------------------------------------------------
+
+BASE_IMAGE = "clotho/base:bookworm"
+
+
+def write_context(root: Path, dockerfile: str, files: dict[str, str] | None = None) -> Path:
+    """A build context: the Dockerfile and `files` (relative path: content)."""
+    root.mkdir(parents=True)
+    (root / "Dockerfile").write_text(dockerfile)
+    for rel, content in (files or {}).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(content)
+    return root
+
+
+@pytest.fixture
+async def tags(docker: Any) -> AsyncIterator[list[str]]:
+    """Image tags a test makes; removed afterwards (by tag: an image with other tags keeps
+    them)."""
+    from aiodocker.exceptions import DockerError
+
+    created: list[str] = []
+    yield created
+    for tag in created:
+        try:
+            await docker.images.delete(tag, force=True)
+        except DockerError as exc:
+            assert exc.status == 404, exc
+
+
+@pytest.fixture
+def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The tags actually built (not found ready) while the test runs."""
+    built: list[str] = []
+    real_build = images.build_image
+
+    async def counting_build(docker: Any, context: Path, tag: str, **kwargs: Any) -> str:
+        built.append(tag)
+        return await real_build(docker, context, tag, **kwargs)
+
+    monkeypatch.setattr(images, "build_image", counting_build)
+    return built
 
 
 # --- the event loop ------------------------------------------------------------------------

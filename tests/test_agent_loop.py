@@ -6,11 +6,10 @@ import asyncio
 import json
 import random
 import shutil
-import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from tests.model_helpers import Held
 from tests.sandbox_fixtures import processes_mentioning
 from tests.scripted_openai import (
     HTTPError,
@@ -28,10 +27,11 @@ from clotho.agent import AgentContext, AgentLimits, AgentLoop, AgentResult, LLMA
 from clotho.agent.result import ToolErrorRecord
 from clotho.chat import Usage
 from clotho.errors import SandboxError
-from clotho.sandbox import LocalSandboxConfig, Sandbox, open_sandbox
+from clotho.sandbox import Sandbox
 from clotho.tools import Tool, ToolRuntime, default_registry, tool
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytest_plugins = ("tests.sandbox_fixtures",)  # sandbox
 
 USER = {"role": "user", "content": "Do the task."}
 BUILTIN_NAMES = {"terminal", "read_file", "write_file", "edit_file", "search_files"}
@@ -39,15 +39,6 @@ BUILTIN_NAMES = {"terminal", "read_file", "write_file", "edit_file", "search_fil
 
 def builtin_tools() -> list[Tool]:
     return default_registry().resolve(["terminal", "file"])
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[Sandbox]:
-    sb = await open_sandbox(LocalSandboxConfig())
-    try:
-        yield sb
-    finally:
-        await sb.close()
 
 
 async def run_loop(
@@ -511,20 +502,6 @@ async def test_max_turns(sandbox: Sandbox) -> None:
 # Long enough for one answer from the scripted model on a busy machine: the limits below
 # must strike during what the test holds open (a command, a model request), not before.
 LIMIT_S = 10.0
-
-
-class Held:
-    """A script entry whose answer waits until `release` is set (or the test's patience
-    runs out): a run that got any answer from it waited for it."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.answered = 0
-
-    def __call__(self, body: Any) -> dict[str, Any]:
-        self.release.wait(PATIENCE_S)
-        self.answered += 1
-        return assistant("too late")
 
 
 async def test_time_limit_closes_the_open_calls(sandbox: Sandbox) -> None:

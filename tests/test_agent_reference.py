@@ -4,25 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from clotho.agent import AgentContext, NopAgent, OracleAgent
 from clotho.errors import TaskError
-from clotho.sandbox import LocalSandboxConfig, Sandbox, open_sandbox
+from clotho.sandbox import Sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[Sandbox]:
-    sb = await open_sandbox(LocalSandboxConfig())
-    try:
-        yield sb
-    finally:
-        await sb.close()
+pytest_plugins = ("tests.sandbox_fixtures",)  # sandbox
 
 
 def solution(tmp_path: Path, solve_sh: str | None, **files: str) -> Path:

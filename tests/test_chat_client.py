@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import Any
 
 import pytest
+from tests.model_helpers import Held
 from tests.scripted_openai import (
     CHAT_PATH,
     HTTPError,
@@ -406,20 +406,6 @@ async def test_only_endpoint_is_used_even_while_cooling_down() -> None:
 
 
 # -- timeouts ---------------------------------------------------------------------------------
-
-
-class Held:
-    """A script entry whose answer waits until `release` is set (or the test's patience
-    runs out): a client that got any answer from it waited for it."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.answered = 0
-
-    def __call__(self, body: Any) -> dict[str, Any]:
-        self.release.wait(PATIENCE_S)
-        self.answered += 1
-        return assistant("too late")
 
 
 async def test_request_timeout_is_retried_then_raises_model_error() -> None:

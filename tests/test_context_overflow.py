@@ -8,10 +8,12 @@ import json
 
 import pytest
 from tests.scripted_openai import HTTPError, ScriptedOpenAIServer, assistant, tool_call
-from tests.test_agent_loop import run_loop, sandbox  # noqa: F401 - the fixture
+from tests.test_agent_loop import run_loop
 
 from clotho.chat.overflow import is_context_overflow
 from clotho.sandbox import Sandbox
+
+pytest_plugins = ("tests.sandbox_fixtures",)  # sandbox
 
 
 def error(message: str, **extra: object) -> str:
@@ -77,7 +79,7 @@ OTHER_ERRORS = {
 @pytest.mark.parametrize("server_kind", list(OVERFLOWS))
 async def test_an_overflow_stops_the_run_as_the_agents_limit(
     server_kind: str,
-    sandbox: Sandbox,  # noqa: F811
+    sandbox: Sandbox,
 ) -> None:
     status, body = OVERFLOWS[server_kind]
     first = assistant("", [tool_call("terminal", {"command": "seq 1 5"})])

@@ -9,17 +9,16 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F401
+from tests.sandbox_fixtures import BASE_IMAGE, write_context
 
 from clotho.errors import TaskError
 from clotho.sandbox import open_sandbox
 from clotho.sandbox.config import DockerSandboxConfig
-from clotho.sandbox.docker import images
 from clotho.sandbox.docker.images import (
     IMAGE_LABEL,
     context_hash,
@@ -27,34 +26,11 @@ from clotho.sandbox.docker.images import (
     image_exists,
 )
 
-BASE_IMAGE = "clotho/base:bookworm"
-
-
-@pytest.fixture
-async def tags(docker: Any) -> AsyncIterator[list[str]]:
-    """Tags a test creates; removed afterwards (by tag: an image with other tags keeps them)."""
-    from aiodocker.exceptions import DockerError
-
-    created: list[str] = []
-    yield created
-    for tag in created:
-        try:
-            await docker.images.delete(tag, force=True)
-        except DockerError as exc:
-            assert exc.status == 404, exc
+pytest_plugins = ("tests.sandbox_fixtures",)  # tags, builds
 
 
 def expected_tag(context: Path, slug: str) -> str:
     return f"clotho-env/{slug}:{context_hash(context)[:16]}"
-
-
-def write_context(root: Path, dockerfile: str, files: dict[str, str] | None = None) -> Path:
-    root.mkdir(parents=True)
-    (root / "Dockerfile").write_text(dockerfile)
-    for rel, content in (files or {}).items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(content)
-    return root
 
 
 # --- context_hash ----------------------------------------------------------------------------
@@ -144,21 +120,13 @@ async def test_built_once_then_reused_and_force_rebuilds(
 
 @requires_docker
 async def test_concurrent_requests_build_once(
-    docker: Any, tags: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    docker: Any, tags: list[str], builds: list[str], tmp_path: Path
 ) -> None:
     token = secrets.token_hex(4)
     context = write_context(
         tmp_path / "ctx", f"FROM {BASE_IMAGE}\nCOPY token.txt /opt/\n", {"token.txt": token}
     )
     tags.append(expected_tag(context, f"conc-{token}"))
-    builds: list[str] = []
-    real_build = images.build_image
-
-    async def counting_build(docker: Any, context: Path, tag: str, **kwargs: Any) -> str:
-        builds.append(tag)
-        return await real_build(docker, context, tag, **kwargs)
-
-    monkeypatch.setattr(images, "build_image", counting_build)
     locks: dict[str, asyncio.Lock] = {}
     results = await asyncio.gather(
         *(ensure_context_image(docker, context, f"conc-{token}", locks=locks) for _ in range(3))

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from tests.docker_probe import fail_without_docker_in_ci, requires_docker
+from tests.sandbox_fixtures import loop_backing, mounts_at, requires_quota
 from tests.support import wait_until
 
 from clotho.errors import LimitExceeded
@@ -25,17 +26,10 @@ from clotho.sandbox.docker import quota as docker_quota
 from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.host import quota
 
+pytest_plugins = ("tests.sandbox_fixtures",)  # docker_quota_on
 
-@pytest.fixture(autouse=True)
-def _docker_quota_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The containers' own file systems are opt-in (docker/quota.py): these tests judge them."""
-    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "1")
-
-
-pytestmark = [
-    requires_docker,
-    pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable())),
-]
+# The containers' own file systems are opt-in (docker/quota.py): these tests judge them.
+pytestmark = [requires_docker, requires_quota, pytest.mark.usefixtures("docker_quota_on")]
 
 IMAGE = DockerSandboxConfig().image
 
@@ -43,18 +37,6 @@ IMAGE = DockerSandboxConfig().image
 @pytest.fixture(autouse=True)
 def _daemon() -> None:
     fail_without_docker_in_ci()
-
-
-def mounts_at(path: Path) -> list[str]:
-    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    return [p for p in points if p == str(path) or p.startswith(f"{path}/")]
-
-
-def backing(device: str) -> str:
-    try:
-        return Path(f"/sys/block/{Path(device).name}/loop/backing_file").read_text()
-    except OSError:
-        return ""
 
 
 @pytest.fixture
@@ -141,7 +123,7 @@ async def test_docker_rm_takes_the_mount_and_the_loop_device_along() -> None:
         assert (await run(container, "head -c 1M /dev/zero > /x && echo ok"))[1].strip() == "ok"
         await container.delete(force=True)
         assert not os.path.lexists(layer) and mounts_at(layer) == []
-        assert await wait_until(lambda: str(layer) not in backing(disk.device))
+        assert await wait_until(lambda: str(layer) not in loop_backing(disk.device))
     finally:
         await docker.close()
 

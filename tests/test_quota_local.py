@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from tests.sandbox_fixtures import loop_backing, mounts_at
 from tests.support import wait_until, wait_until_sync
 
 from clotho.sandbox.host import quota
@@ -20,18 +21,6 @@ from clotho.sandbox.host.state import make_state_dir, remove_state_dir
 pytestmark = pytest.mark.skipif(
     quota.unavailable() is not None, reason=f"no loop-mounted file system: {quota.unavailable()}"
 )
-
-
-def mounts_at(path: Path) -> list[str]:
-    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    return [p for p in points if p == str(path) or p.startswith(f"{path}/")]
-
-
-def backing(device: str) -> str:
-    try:
-        return Path(f"/sys/block/{Path(device).name}/loop/backing_file").read_text()
-    except OSError:
-        return ""
 
 
 @pytest.fixture
@@ -114,10 +103,10 @@ def test_the_image_is_sparse_and_its_loop_device_goes_with_the_folder(tmp_path: 
     assert len(made) == 1 and made[0].stat().st_blocks * 512 < 4 << 20
     assert made[0].stat().st_size == quota.image_bytes(1 << 30, quota.inodes_for(1 << 30))
     assert os.listdir(tmp_path / "state") == [state.name]  # nothing else beside the folder
-    assert str(state) in backing(disk.device)
+    assert str(state) in loop_backing(disk.device)
     remove_state_dir(state)
     assert not state.exists() and mounts_at(state) == []
-    assert wait_until_sync(lambda: str(state) not in backing(disk.device))
+    assert wait_until_sync(lambda: str(state) not in loop_backing(disk.device))
 
 
 async def test_a_second_disk_reuses_the_template(tmp_path: Path) -> None:
@@ -134,4 +123,4 @@ async def test_a_second_disk_reuses_the_template(tmp_path: Path) -> None:
         remove_state_dir(first)
         remove_state_dir(second)
     assert mounts_at(first) == [] and mounts_at(second) == []
-    assert await wait_until(lambda: str(first) not in backing(a.device))
+    assert await wait_until(lambda: str(first) not in loop_backing(a.device))

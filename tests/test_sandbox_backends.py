@@ -18,13 +18,18 @@ import random
 import secrets
 import socket
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.docker_probe import requires_docker
-from tests.sandbox_fixtures import GatedExecutor, dead_pid, requires_bwrap
+from tests.sandbox_fixtures import (
+    BASE_IMAGE,
+    GatedExecutor,
+    dead_pid,
+    requires_bwrap,
+    write_context,
+)
 from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import SandboxError, TaskError
@@ -48,45 +53,6 @@ from clotho.sandbox.local.backend import LocalBackend
 from clotho.sandbox.transfer import BIG_FILE
 
 pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
-
-BASE_IMAGE = "clotho/base:bookworm"
-
-
-@pytest.fixture
-async def tags(docker: Any) -> AsyncIterator[list[str]]:
-    """Image tags a test makes; removed afterwards."""
-    from aiodocker.exceptions import DockerError
-
-    created: list[str] = []
-    yield created
-    for tag in created:
-        try:
-            await docker.images.delete(tag, force=True)
-        except DockerError as exc:
-            assert exc.status == 404, exc
-
-
-@pytest.fixture
-def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The tags actually built (not found ready) while the test runs."""
-    built: list[str] = []
-    real_build = images.build_image
-
-    async def counting_build(docker: Any, context: Path, tag: str, **kwargs: Any) -> str:
-        built.append(tag)
-        return await real_build(docker, context, tag, **kwargs)
-
-    monkeypatch.setattr(images, "build_image", counting_build)
-    return built
-
-
-def write_context(root: Path, dockerfile: str, files: dict[str, str] | None = None) -> Path:
-    root.mkdir(parents=True)
-    (root / "Dockerfile").write_text(dockerfile)
-    for rel, content in (files or {}).items():
-        (root / rel).write_text(content)
-    return root
-
 
 # --- local backends: nothing to prepare -------------------------------------------------------
 

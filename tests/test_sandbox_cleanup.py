@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.sandbox_fixtures import requires_bwrap
+from tests.sandbox_fixtures import outside_folder, requires_bwrap
 from tests.support import PATIENCE_S
 
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
@@ -68,16 +68,6 @@ def set_immutable(path: Path) -> None:
     assert "i" in flags.stdout.split()[0], flags.stdout
     with pytest.raises(PermissionError):
         path.unlink()  # the flag holds: only clearing it lets the file go
-
-
-@contextlib.contextmanager
-def outside_folder(tmp_path: Path) -> Iterator[Path]:
-    """A host folder the agent links to: removal must not follow the link into it."""
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "keep").write_text("host data")
-    yield outside
-    assert (outside / "keep").read_text() == "host data"
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.sandbox_fixtures import requires_bwrap
+from tests.sandbox_fixtures import outside_folder, requires_bwrap
 
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
 from clotho.sandbox.local.bwrap import BwrapSandbox
@@ -61,11 +61,8 @@ def make_deep(parent_fd: int, name: str, depth: int = DEPTH) -> None:
 @pytest.fixture
 def outside(tmp_path: Path) -> Iterator[Path]:
     """A host folder a link in the tree points at: removal must not follow it."""
-    folder = tmp_path / "outside"
-    folder.mkdir()
-    (folder / "keep").write_text("host data")
-    yield folder
-    assert (folder / "keep").read_text() == "host data"
+    with outside_folder(tmp_path) as folder:
+        yield folder
 
 
 def force_remove(path: Path) -> None:

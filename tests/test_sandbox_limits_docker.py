@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 from tests.docker_probe import fail_without_docker_in_ci, requires_docker
+from tests.sandbox_fixtures import image_blocks, requires_quota
 from tests.support import PATIENCE_S
 
 from clotho.errors import LimitExceeded
@@ -24,13 +22,7 @@ from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.docker.slots import SlotHost
 from clotho.sandbox.host import quota
 
-pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures
-
-
-@pytest.fixture
-def docker_quota_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The containers' own file systems are opt-in (docker/quota.py): these tests judge them."""
-    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "1")
+pytest_plugins = ("tests.sandbox_fixtures",)  # its fixtures, docker_quota_on
 
 
 pytestmark = requires_docker
@@ -91,20 +83,8 @@ async def test_disk_past_the_limit_is_a_limit_failure() -> None:
             await sb.stop_agent()
 
 
-def image_blocks(layer: Path) -> int:
-    """Bytes the container's disk image takes on the host: it lies in the layer folder,
-    under the mount it backs, so a bind of the parent without its submounts shows it."""
-    view = Path(tempfile.mkdtemp(prefix="clotho-under-"))
-    subprocess.run(["mount", "--bind", str(layer.parent), str(view)], check=True)
-    try:
-        return (view / layer.name / quota.IMAGE_NAME).stat().st_blocks * 512
-    finally:
-        subprocess.run(["umount", str(view)], check=True)
-        view.rmdir()
-
-
 @pytest.mark.usefixtures("docker_quota_on")
-@pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable()))
+@requires_quota
 async def test_fallocate_past_the_quota_is_refused_and_the_host_gives_no_more() -> None:
     """Six 400 MB `fallocate`s against 500 MB: the second is refused in the container, the
     command is a limit, and the host disk holds no more than the layer's image."""
@@ -120,7 +100,7 @@ async def test_fallocate_past_the_quota_is_refused_and_the_host_gives_no_more() 
 
 
 @pytest.mark.usefixtures("docker_quota_on")
-@pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable()))
+@requires_quota
 async def test_empty_files_past_the_inode_limit_are_a_limit_failure() -> None:
     """200,000 empty files against 500 MB (32,000 inodes): refused, and a limit."""
     async with await open_sandbox(DockerSandboxConfig(storage_mb=500)) as sb:

@@ -8,9 +8,7 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -18,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from tests.sandbox_fixtures import requires_bwrap
+from tests.sandbox_fixtures import image_blocks, loop_backing, mounts_at, requires_bwrap
 from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import LimitExceeded
@@ -83,7 +81,7 @@ async def open_limited(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
         await sb.close()
         assert leftover_cgroups(sb.state.name) == []
         assert not sb.state.exists()
-        assert mounted_under(sb.state) == []
+        assert mounts_at(sb.state) == []
         if sb.limits.disk is not None:  # its loop device lets go of the image (the
             # kernel may finish that after the detach)
             device, state = sb.limits.disk.device, str(sb.state)
@@ -182,31 +180,6 @@ async def test_a_file_beyond_the_storage_limit_fails_at_once(open_limited) -> No
     assert "File size limit exceeded" in result.stderr
     assert (await sb.exec("rm /tmp/big && echo removed")).stdout == "removed\n"
     assert sb.limits.tripped is None
-
-
-def image_blocks(state: Path) -> int:
-    """Bytes the sandbox's image takes on the host disk: the image lies in the state folder,
-    under the mount it backs, so a bind of the parent without its submounts shows it."""
-    view = Path(tempfile.mkdtemp(prefix="clotho-under-"))
-    subprocess.run(["mount", "--bind", str(state.parent), str(view)], check=True)
-    try:
-        return (view / state.name / quota.IMAGE_NAME).stat().st_blocks * 512
-    finally:
-        subprocess.run(["umount", str(view)], check=True)
-        view.rmdir()
-
-
-def loop_backing(device: str) -> str:
-    """The file a loop device is attached to, "" when it is free."""
-    try:
-        return Path(f"/sys/block/{Path(device).name}/loop/backing_file").read_text()
-    except OSError:
-        return ""
-
-
-def mounted_under(path: Path) -> list[str]:
-    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    return [p for p in points if p == str(path) or p.startswith(f"{path}/")]
 
 
 async def test_files_adding_up_beyond_the_storage_limit_end_the_sandbox(open_limited) -> None:
@@ -383,13 +356,13 @@ async def test_cgroups_of_a_killed_owner_are_reaped(tmp_path: Path) -> None:
         owner.send_signal(signal.SIGKILL)
         await owner.wait()
     assert leftover_cgroups(name) and (state / name).exists()  # what the SIGKILL left
-    assert mounted_under(state / name) == [str(state / name)]  # its own file system too
+    assert mounts_at(state / name) == [str(state / name)]  # its own file system too
     pool = SlotPool(PoolConfig())
     async with pool, pool.lease(LocalSandboxConfig(state_dir=str(state))) as sb:
         assert (await sb.exec("echo in")).stdout == "in\n"
         assert await wait_until(lambda: leftover_cgroups(name) == [])
         assert await wait_until(lambda: not (state / name).exists())
-        assert mounted_under(state / name) == []
+        assert mounts_at(state / name) == []
 
 
 async def test_listing_sweeps_empty_cgroups_whose_folder_is_gone(tmp_path: Path) -> None:
@@ -457,7 +430,7 @@ async def test_without_loop_devices_storage_is_watched_and_said_once(
     first = await open_limited(storage_mb=64)
     second = await open_limited(storage_mb=64)
     assert first.limits.disk is None and second.limits.disk is None
-    assert mounted_under(first.state) == []
+    assert mounts_at(first.state) == []
     said = [r.getMessage() for r in caplog.records if "watched, not enforced" in r.message]
     assert said == [
         "local sandboxes' storage limit is watched, not enforced, and inodes are not "
@@ -510,7 +483,7 @@ async def test_a_start_cancelled_while_its_disk_is_mounted_leaves_nothing(
         cancelled.set()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert mounted_under(state) == []
+        assert mounts_at(state) == []
         assert leftover_cgroups(state.name) == []
     finally:
         remove_state_dir(state)

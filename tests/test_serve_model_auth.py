@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.model_helpers import embedded_model
 from tests.scripted_openai import fast_config
 from tests.support import wait_until_sync
 from tests.test_trainers_support import free_port
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.skipif(
 )
 pytest.importorskip("uvicorn", reason="uvicorn is not installed (api or dev extra)")
 
-from clotho.chat.local_model import LlamaCppTokenClient, load_embedded_model  # noqa: E402
+from clotho.chat.local_model import LlamaCppTokenClient  # noqa: E402
 from clotho.chat.token_http import SglangTokenClient  # noqa: E402
 from clotho.chat.token_server import TokenServer, build_app, listen_socket  # noqa: E402
 
@@ -43,9 +44,8 @@ TOKEN = "model-tok-8d1c44e0b9"
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[tuple[LlamaCppTokenClient, TemplateTokenizer]]:
-    client, tokenizer = load_embedded_model(n_ctx=512)
-    yield client, tokenizer
-    client.close()
+    with embedded_model(n_ctx=512) as loaded:
+        yield loaded
 
 
 @pytest.fixture(scope="module")

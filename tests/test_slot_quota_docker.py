@@ -15,26 +15,18 @@ from pathlib import Path
 
 import pytest
 from tests.docker_probe import requires_docker
+from tests.sandbox_fixtures import requires_quota
 
 from clotho.errors import ErrorInfo, LimitExceeded
 from clotho.sandbox.config import DockerSandboxConfig
 from clotho.sandbox.docker import quota as docker_quota
 from clotho.sandbox.docker.slots import SlotHost
-from clotho.sandbox.host import quota
 
-pytest_plugins = ("tests.sandbox_fixtures",)  # slot_host
-
-
-@pytest.fixture(autouse=True)
-def _docker_quota_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The containers' own file systems are opt-in (docker/quota.py): these tests judge them."""
-    monkeypatch.setenv("CLOTHO_DOCKER_QUOTA", "1")
+pytest_plugins = ("tests.sandbox_fixtures",)  # slot_host, docker_quota_on
 
 
-pytestmark = [
-    requires_docker,
-    pytest.mark.skipif(quota.unavailable() is not None, reason=str(quota.unavailable())),
-]
+# The containers' own file systems are opt-in (docker/quota.py): these tests judge them.
+pytestmark = [requires_docker, requires_quota, pytest.mark.usefixtures("docker_quota_on")]
 
 # Its error goes to the output: a file for it could not be written on the full disk.
 FILL = "for i in 1 2 3 4; do fallocate -l 30M big$i 2>&1 || break; done"

@@ -16,7 +16,7 @@ import importlib.util
 import json
 import re
 import shutil
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -33,6 +33,7 @@ from clotho.sandbox import LocalSandboxConfig, Sandbox, open_sandbox
 from clotho.tools import ToolRuntime, default_registry
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytest_plugins = ("tests.sandbox_fixtures",)  # sandbox
 pytest.importorskip("uvicorn", reason="uvicorn is not installed (api or dev extra)")
 
 from clotho.chat.token_http import SglangTokenClient  # noqa: E402
@@ -52,15 +53,6 @@ BAD_TURN = (
     '<tool_call>\n{"name": "terminal", "arguments": {"command": \n</tool_call><|im_end|>'
 )
 LAST_TURN = "<think>\nDone.\n</think>\n\nThe file says hi.<|im_end|>"
-
-
-@pytest.fixture
-async def sandbox() -> AsyncIterator[Sandbox]:
-    sb = await open_sandbox(LocalSandboxConfig())
-    try:
-        yield sb
-    finally:
-        await sb.close()
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.model_helpers import embedded_model
 from tests.scripted_openai import fast_config
 from tests.support import wait_until_sync
 
@@ -32,16 +33,15 @@ pytestmark = pytest.mark.skipif(
 )
 pytest.importorskip("uvicorn", reason="uvicorn is not installed (api or dev extra)")
 
-from clotho.chat.local_model import LlamaCppTokenClient, load_embedded_model  # noqa: E402
+from clotho.chat.local_model import LlamaCppTokenClient  # noqa: E402
 from clotho.chat.token_http import SglangTokenClient  # noqa: E402
 from clotho.chat.token_server import TokenServer, build_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[tuple[LlamaCppTokenClient, TemplateTokenizer]]:
-    client, tokenizer = load_embedded_model(n_ctx=1024)
-    yield client, tokenizer
-    client.close()
+    with embedded_model(n_ctx=1024) as loaded:
+        yield loaded
 
 
 @pytest.fixture(scope="module")
