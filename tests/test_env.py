@@ -31,10 +31,11 @@ pytestmark = requires_bwrap
 ANSWERS = {"greeting.txt": "Hello from clotho", "count.txt": "1\n2\n3\n4\n5\n", "answer.txt": "579"}
 
 
-def solver(wrong_every: int = 0) -> Any:
+def solver(wrong_every: int = 0, *, instead: str | None = None) -> Any:
     """A scripted model: writes the right file (or, for every Nth rollout of the same task, a
-    wrong one). Counted per task, so a group's rollouts alternate even when groups of other
-    tasks run at the same time."""
+    wrong one; with `instead`, runs that command in its place). Counted per task, so a
+    group's rollouts alternate even when groups of other tasks run at the same time. Every
+    rollout stops after its one call."""
     calls: dict[str, int] = {}
 
     def reply(body: dict[str, Any]) -> dict[str, Any]:
@@ -43,10 +44,11 @@ def solver(wrong_every: int = 0) -> Any:
             return assistant("done")
         task = messages[-1]["content"]
         calls[task] = calls.get(task, 0) + 1
+        wrong = bool(wrong_every) and calls[task] % wrong_every == 0
+        if wrong and instead is not None:
+            return assistant("", [tool_call("terminal", {"command": instead})])
         path = re.search(r"/app/\w+\.txt", task).group(0)  # type: ignore[union-attr]
-        content = ANSWERS.get(path.rsplit("/", 1)[1], "42")
-        if wrong_every and calls[task] % wrong_every == 0:
-            content = "nope"
+        content = "nope" if wrong else ANSWERS.get(path.rsplit("/", 1)[1], "42")
         return assistant("", [tool_call("write_file", {"path": path, "content": content})])
 
     return reply

@@ -6,13 +6,12 @@ failures vanish from training by failing loudly."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pytest
 from tests.conftest import requires_bwrap
-from tests.scripted_openai import ScriptedOpenAIServer, assistant, tool_call
-from tests.test_env import ANSWERS, env_for
+from tests.scripted_openai import ScriptedOpenAIServer
+from tests.test_env import env_for, solver
 
 from clotho.sandbox import LocalSandboxConfig
 
@@ -31,21 +30,7 @@ FAILING_MOVES = {
 def sometimes_fails(move: str) -> Any:
     """A scripted policy (a named test double for a model): per task, its odd rollouts answer
     right, its even ones make `move` instead, and every rollout stops after its one call."""
-    calls: dict[str, int] = {}
-
-    def reply(body: dict[str, Any]) -> dict[str, Any]:
-        messages = body["messages"]
-        if messages[-1]["role"] != "user":
-            return assistant("done")
-        task = messages[-1]["content"]
-        calls[task] = calls.get(task, 0) + 1
-        if calls[task] % 2 == 0:
-            return assistant("", [tool_call("terminal", {"command": move})])
-        path = re.search(r"/app/\w+\.txt", task).group(0)  # type: ignore[union-attr]
-        content = ANSWERS.get(path.rsplit("/", 1)[1], "42")
-        return assistant("", [tool_call("write_file", {"path": path, "content": content})])
-
-    return reply
+    return solver(2, instead=move)
 
 
 @pytest.mark.parametrize("failure_score", [0.0, -0.5])

@@ -7,6 +7,8 @@ task. On both backends every attempt must fail, and count in the pass rate.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from tests.conftest import requires_bwrap
 from tests.docker_probe import requires_docker
@@ -108,7 +110,14 @@ BACKENDS = [
 
 
 async def _attempt(make_task, config: SandboxConfig, attack: str, test_sh: str = TEST_SH):
-    task = load_task(make_task(test_sh=test_sh))
+    return await attempt_on(make_task(test_sh=test_sh), config, attack)
+
+
+async def attempt_on(task_dir: Path, config: SandboxConfig, attack: str):
+    """The task at `task_dir` attempted by an `Attacker` making `attack`: (its outcome, the
+    attack's exit code). Whatever the attack, the sandbox went back to the pool and the
+    outcome counts in the pass rate."""
+    task = load_task(task_dir)
     attacker = Attacker(attack)
     async with SlotPool() as pool:
         outcome = await run_trial(HarborTrial(task), attacker, config, pool, timeout_s=120)

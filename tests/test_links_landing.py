@@ -15,16 +15,11 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import EXAMPLES
-from tests.test_hostile_agents import BACKENDS, Attacker
+from tests.test_hostile_agents import BACKENDS, attempt_on
 
 from clotho.errors import TamperError
-from clotho.runs.metrics import compute_metrics
-from clotho.runs.records import TrialRecord
 from clotho.sandbox import SandboxConfig
 from clotho.sandbox.base import PathChange, Sandbox
-from clotho.sandbox.pool import SlotPool
-from clotho.tasks.harbor import load_task
-from clotho.tasks.trial import HarborTrial, run_trial
 from clotho.tasks.verify import FRESH_ROOTS, HARNESS_ROOTS
 from clotho.verify.integrity import ProgramDigests, check_links
 
@@ -58,17 +53,6 @@ HONEST = {
 }
 
 
-async def _run(task_dir: Path, config: SandboxConfig, attack: str):
-    task = load_task(task_dir)
-    attacker = Attacker(attack)
-    async with SlotPool() as pool:
-        outcome = await run_trial(HarborTrial(task), attacker, config, pool, timeout_s=120)
-        assert pool.stats()["in_use"] == 0
-    record = TrialRecord.from_outcome(outcome, task="t", category="c", attempt=0, agent="a")
-    assert compute_metrics([record]).n_scored == 1, outcome.error  # counted in the pass rate
-    return outcome, attacker.attack_exit
-
-
 def _comparing_task(make_task) -> Path:
     task = make_task(test_sh=COMPARING_TEST_SH)
     (task / "tests" / "expected.txt").write_text("42\n")
@@ -80,7 +64,7 @@ def _comparing_task(make_task) -> Path:
 async def test_a_link_into_the_harness_folders_is_tampering(
     make_task, config: SandboxConfig, attack: str
 ) -> None:
-    outcome, attack_exit = await _run(_comparing_task(make_task), config, PLANTED[attack])
+    outcome, attack_exit = await attempt_on(_comparing_task(make_task), config, PLANTED[attack])
     assert attack_exit == 0, outcome.error
     assert not outcome.passed and outcome.reward is None
     assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
@@ -91,7 +75,7 @@ async def test_a_link_into_the_harness_folders_is_tampering(
 @pytest.mark.parametrize("case", sorted(HONEST))
 async def test_honest_answers_beside_them_score(make_task, config: SandboxConfig, case: str):
     command, reward = HONEST[case]
-    outcome, attack_exit = await _run(_comparing_task(make_task), config, command)
+    outcome, attack_exit = await attempt_on(_comparing_task(make_task), config, command)
     assert attack_exit == 0
     assert outcome.error is None and outcome.reward == reward, outcome.error
 
@@ -100,7 +84,7 @@ async def test_honest_answers_beside_them_score(make_task, config: SandboxConfig
 async def test_a_link_the_task_needs_is_not_tampering(make_task, config: SandboxConfig) -> None:
     release = "mkdir -p /app/v1 /app/v2 && echo 41 > /app/v1/answer.txt && "
     release += "echo 42 > /app/v2/answer.txt && ln -sfn /app/v2 /app/current && ln -s v1 /app/old"
-    outcome, attack_exit = await _run(make_task(test_sh=CURRENT_TEST_SH), config, release)
+    outcome, attack_exit = await attempt_on(make_task(test_sh=CURRENT_TEST_SH), config, release)
     assert attack_exit == 0
     assert outcome.passed and outcome.reward == 1.0, outcome.error
 
@@ -112,7 +96,7 @@ async def test_the_bundled_todo_task_forged_by_a_link_is_tampering(
     task = tmp_path / "collect-todo-comments"
     shutil.copytree(EXAMPLES / "collect-todo-comments", task)
     forged = "ln -sf /tests/expected.tsv /app/todos.tsv"
-    outcome, attack_exit = await _run(task, config, forged)
+    outcome, attack_exit = await attempt_on(task, config, forged)
     assert attack_exit == 0
     assert outcome.error is not None and outcome.error.kind == "tamper", outcome.error
     assert "/app/todos.tsv -> /tests/expected.tsv" in outcome.error.message

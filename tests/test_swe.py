@@ -164,8 +164,14 @@ async def test_oracle_scores_1_and_nop_0_on_every_bundled_instance(options: SweO
     """The bundled toy instances on the local backend: gold patch passes, nothing fails."""
     cases = trials(options)
     assert len(cases) >= 10 and len({t.instance.repo for t in cases}) >= 5
-    async with SlotPool(PoolConfig(max_size=8)) as pool:
-        sem = asyncio.Semaphore(4)
+    await assert_oracle_1_and_nop_0(cases, pool_size=8, at_once=4)
+
+
+async def assert_oracle_1_and_nop_0(cases: list[SweTrial], pool_size: int, at_once: int) -> None:
+    """Every case run by the oracle (reward 1) and by nop (reward 0) on the local backend,
+    `at_once` trials at a time; none fails."""
+    async with SlotPool(PoolConfig(max_size=pool_size)) as pool:
+        sem = asyncio.Semaphore(at_once)
 
         async def one(trial: SweTrial, agent) -> tuple[str, str, float | None, object]:
             async with sem:

@@ -8,22 +8,18 @@ the reason shown, except in CI, where that is a failure.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
 
 import pytest
 from tests.conftest import requires_bwrap
+from tests.test_swe import assert_oracle_1_and_nop_0
 
-from clotho.agent.reference import NopAgent, OracleAgent
-from clotho.sandbox import LocalSandboxConfig
-from clotho.sandbox.pool import PoolConfig, SlotPool
 from clotho.swe.examples import REAL_INSTANCES, REAL_PACKAGES
 from clotho.swe.instance import SweInstance, SweOptions
 from clotho.swe.repos import REAL_REPOS, RepoCache
 from clotho.swe.trial import SweTrial
-from clotho.tasks.trial import run_trial
 
 MISSING = [n for n in REAL_PACKAGES if not (REAL_REPOS / n).is_dir()]
 pytestmark = [
@@ -52,17 +48,4 @@ async def test_oracle_1_and_nop_0_on_real_packages(tmp_path: Path) -> None:
     options = SweOptions(cache_dir=str(tmp_path / "cache"), network_clone=False)
     cache = RepoCache(options.cache_path(), network=False)
     trials = [SweTrial(SweInstance.model_validate(r), options, cache) for r in one_per_package()]
-    async with SlotPool(PoolConfig(max_size=4)) as pool:
-        sem = asyncio.Semaphore(3)
-
-        async def one(trial: SweTrial, agent) -> tuple:
-            async with sem:
-                o = await run_trial(trial, agent, LocalSandboxConfig(), pool)
-            return trial.name, agent.name, o.reward, o.error
-
-        runs = await asyncio.gather(
-            *(one(t, a) for t in trials for a in (OracleAgent(), NopAgent()))
-        )
-    for name, agent, reward, error in runs:
-        assert error is None, (name, agent, error)
-        assert reward == (1.0 if agent == "oracle" else 0.0), (name, agent)
+    await assert_oracle_1_and_nop_0(trials, pool_size=4, at_once=3)

@@ -3,44 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import httpx
-from tests.support import http_up
+from tests.test_api_token_sources import clotho_api, stop
 from tests.test_trainers_support import free_port, make_group
 
 from clotho.trainers.client import ApiClientConfig, AtroposClient
 from clotho.trainers.protocol import RegisterEnv
-
-
-@asynccontextmanager
-async def clotho_api(
-    *args: str, env: dict[str, str] | None = None
-) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "clotho", "api", "--port", str(port), *args,
-        env={**{k: v for k, v in os.environ.items() if k != "CLOTHO_API_TOKEN"}, **(env or {})},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        await http_up(f"{url}/")
-        yield process, url
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-
-
-async def stop(process: asyncio.subprocess.Process) -> str:
-    process.send_signal(signal.SIGINT)
-    _, stderr = await asyncio.wait_for(process.communicate(), 15)
-    return stderr.decode()
 
 
 async def test_clotho_api_serves_and_stops_on_ctrl_c() -> None:
@@ -73,7 +43,7 @@ async def test_no_auth_is_loopback_only_and_warns() -> None:
     async with clotho_api("--no-auth") as (process, url):
         async with httpx.AsyncClient(base_url=url) as http:
             assert (await http.get("/info")).status_code == 200
-        text = await stop(process)
+        text = await stop(process, check=False)
     assert "warning" in text and "--no-auth" in text
     refused = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "clotho", "api", "--no-auth", "--host", "0.0.0.0",
