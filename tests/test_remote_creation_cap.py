@@ -9,6 +9,8 @@ No timing: creations finish only when the test says so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +52,27 @@ class GatedModalClient(FakeModalClient):
             self.creating -= 1
 
 
+@contextlib.asynccontextmanager
+async def opening(backend: Any, configs: list[Any]) -> AsyncIterator[list[asyncio.Future[Any]]]:
+    """`backend.open` of each of `configs` at once, as tasks the test watches; afterwards
+    the ones still waiting are cancelled and the backend is closed."""
+    opens = [asyncio.ensure_future(backend.open(c, {"clotho.run": "cap"})) for c in configs]
+    try:
+        yield opens
+    finally:
+        for task in opens:
+            task.cancel()
+        await asyncio.gather(*opens, return_exceptions=True)
+        await backend.aclose()
+
+
 async def test_modal_creates_at_most_create_concurrency_sandboxes_at_once(
     tmp_path: Path,
 ) -> None:
     client = GatedModalClient()
     backend = ModalBackend(client)
     config = modal_config(tmp_path, slots_per_sandbox=1, max_sandboxes=8, create_concurrency=2)
-    opens = [asyncio.ensure_future(backend.open(config, {"clotho.run": "cap"})) for _ in range(6)]
-    try:
+    async with opening(backend, [config] * 6) as opens:
         assert await wait_until(lambda: client.creating == 2)
         # Four more rollouts want a sandbox; two creations hold the cap, so none of them
         # has started creating: let creations finish one at a time and watch the count.
@@ -72,11 +87,6 @@ async def test_modal_creates_at_most_create_concurrency_sandboxes_at_once(
         assert [r.stdout for r in results] == ["up\n"] * 6
         for box in boxes:
             await box.close()
-    finally:
-        for task in opens:
-            task.cancel()
-        await asyncio.gather(*opens, return_exceptions=True)
-        await backend.aclose()
 
 
 async def test_modal_cap_is_run_wide_across_configurations(tmp_path: Path) -> None:
@@ -85,8 +95,7 @@ async def test_modal_cap_is_run_wide_across_configurations(tmp_path: Path) -> No
     backend = ModalBackend(client)
     first = modal_config(tmp_path, slots_per_sandbox=1, create_concurrency=1)
     second = first.model_copy(update={"image": "other:1"})
-    opens = [asyncio.ensure_future(backend.open(c, {"clotho.run": "cap"})) for c in (first, second)]
-    try:
+    async with opening(backend, [first, second]) as opens:
         assert await wait_until(lambda: client.creating == 1)
         client.finish()
         assert await wait_until(lambda: len(client.created) == 1)
@@ -95,11 +104,6 @@ async def test_modal_cap_is_run_wide_across_configurations(tmp_path: Path) -> No
         assert client.peak == 1 and len(client.created) == 2
         for box in boxes:
             await box.close()
-    finally:
-        for task in opens:
-            task.cancel()
-        await asyncio.gather(*opens, return_exceptions=True)
-        await backend.aclose()
 
 
 class PendingNomad(FakeNomad):
@@ -149,23 +153,21 @@ async def test_nomad_scales_up_at_most_create_concurrency_allocations_at_once(
     server, task = await _serve(fake.app, fake.port)
     config = nomad_config(fake, tmp_path, slots_per_allocation=1, create_concurrency=2)
     backend = NomadBackend(config)
-    opens = [asyncio.ensure_future(backend.open(config, {"clotho.run": "cap"})) for _ in range(4)]
     try:
-        assert await wait_until(lambda: len(fake.pending()) == 2)
-        for started in range(1, 5):
-            fake.start()
-            # Each allocation that runs ends one creation and lets the next scale up.
-            assert await wait_until(lambda s=started: sum(t.done() for t in opens) == s, timeout=60)
-            assert len(fake.pending()) <= 2
-        boxes = [t.result() for t in opens]
-        assert fake.peak_pending == 2 and fake.scales[:4] == [1, 2, 3, 4]
-        for box in boxes:
-            await box.close()
+        async with opening(backend, [config] * 4) as opens:
+            assert await wait_until(lambda: len(fake.pending()) == 2)
+            for started in range(1, 5):
+                fake.start()
+                # Each allocation that runs ends one creation and lets the next scale up.
+                assert await wait_until(
+                    lambda s=started: sum(t.done() for t in opens) == s, timeout=60
+                )
+                assert len(fake.pending()) <= 2
+            boxes = [t.result() for t in opens]
+            assert fake.peak_pending == 2 and fake.scales[:4] == [1, 2, 3, 4]
+            for box in boxes:
+                await box.close()
     finally:
-        for t in opens:
-            t.cancel()
-        await asyncio.gather(*opens, return_exceptions=True)
-        await backend.aclose()
         for alloc in list(fake.allocs.values()):
             if alloc["DesiredStatus"] == "run":
                 await fake._stop(alloc)

@@ -8,6 +8,7 @@ run (conftest turns every skip into a failure there).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 import shlex
@@ -163,9 +164,10 @@ async def test_screenshot_is_a_png_written_in_the_sandbox(sandbox: Sandbox) -> N
     assert struct.unpack(">II", data[16:24]) == (1280, 800)
 
 
-async def test_the_browser_reaches_the_sandbox_network_only(sandbox: Sandbox) -> None:
-    """A server on the host's loopback is out of the browser's reach (it gets no request);
-    a server the agent starts inside the sandbox answers it."""
+@contextlib.asynccontextmanager
+async def host_server(host: str) -> AsyncIterator[tuple[int, list[bytes]]]:
+    """A server of the host's on `host` whose page says HOST SECRET: (its port, the requests
+    it got). Closed on exit."""
     received: list[bytes] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -174,9 +176,18 @@ async def test_the_browser_reaches_the_sandbox_network_only(sandbox: Sandbox) ->
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    server = await asyncio.start_server(handle, host, 0)
     try:
+        yield server.sockets[0].getsockname()[1], received
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_the_browser_reaches_the_sandbox_network_only(sandbox: Sandbox) -> None:
+    """A server on the host's loopback is out of the browser's reach (it gets no request);
+    a server the agent starts inside the sandbox answers it."""
+    async with host_server("127.0.0.1") as (port, received):
         rt = ToolRuntime(sandbox=sandbox)
         with pytest.raises(ToolFailure, match="could not open"):
             await browser_navigate.fn(rt, url=f"http://127.0.0.1:{port}/")
@@ -197,9 +208,6 @@ async def test_the_browser_reaches_the_sandbox_network_only(sandbox: Sandbox) ->
         inner_port = int(started.stdout.strip())
         page = await browser_navigate.fn(rt, url=f"http://127.0.0.1:{inner_port}/")
         assert "served inside" in page and "HOST SECRET" not in page
-    finally:
-        server.close()
-        await server.wait_closed()
     assert received == []
 
 
@@ -226,30 +234,16 @@ async def test_a_networked_sandbox_browser_stays_off_the_host(tmp_path: Path) ->
     """With the task's network on (slirp4netns, guarded), the browser still reaches none of
     the host's own addresses, nor the host's loopback through slirp's gateway: the server
     listening on all of them gets no request."""
-    received: list[bytes] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received.append(await reader.read(1024))
-        writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\n\r\nHOST SECRET")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(handle, "0.0.0.0", 0)
-    port = server.sockets[0].getsockname()[1]
     config = LocalSandboxConfig(state_dir=str(tmp_path / "state"), network=True)
-    try:
-        async with await open_sandbox(config) as sb:
-            rt = ToolRuntime(sandbox=sb)
-            for address in [*host_addresses(), "10.0.2.2"]:
-                # Refused, unreachable, or dropped (then the tool's bound ends the wait).
-                with pytest.raises(ToolFailure, match="could not open"):
-                    await browser_navigate.fn(rt, url=f"http://{address}:{port}/")
-            await sb.write_file("/app/other.html", OTHER_PAGE)
-            page = await browser_navigate.fn(rt, url="file:///app/other.html")
-            assert "The other page" in page  # the browser is still usable
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with host_server("0.0.0.0") as (port, received), await open_sandbox(config) as sb:
+        rt = ToolRuntime(sandbox=sb)
+        for address in [*host_addresses(), "10.0.2.2"]:
+            # Refused, unreachable, or dropped (then the tool's bound ends the wait).
+            with pytest.raises(ToolFailure, match="could not open"):
+                await browser_navigate.fn(rt, url=f"http://{address}:{port}/")
+        await sb.write_file("/app/other.html", OTHER_PAGE)
+        page = await browser_navigate.fn(rt, url="file:///app/other.html")
+        assert "The other page" in page  # the browser is still usable
     assert received == []
 
 

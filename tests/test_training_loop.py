@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,22 +61,34 @@ async def produce_one_group(base_url: str, out: Path) -> GroupStats:
     return env.stats
 
 
-def test_producing_a_group_tokenizes_it_off_the_loop(tmp_path: Path) -> None:
-    # A blocking call fails the first run; a step computing too long fails when a second run
-    # shows one too (contention can stretch CPU time once), as for the embedded model.
-    with ScriptedOpenAIServer(default=long_answer) as server:
-        for attempt in range(2):
-            slow: list[str] = []
-            out = tmp_path / f"groups{attempt}.jsonl"
-            stats = run_watched(produce_one_group(server.base_url, out), 0.05, slow)
-            assert stats.groups_sent == 1, stats
-            blocking = [line for line in slow if "made a blocking call" in line]
-            assert blocking == [], blocking
-            if not slow:
-                break
+def never_holding_the_loop(produce: Callable[[Path], list[str]], tmp_path: Path) -> Path:
+    """`produce(out)` writes one group of long answers to `out` and returns what the loop's
+    watch reported slow. A blocking call fails the first run; a step computing too long fails
+    when a second run shows one too (contention can stretch CPU time once), as for the
+    embedded model. The group file, its two long token lists checked."""
+    for attempt in range(2):
+        out = tmp_path / f"groups{attempt}.jsonl"
+        slow = produce(out)
+        blocking = [line for line in slow if "made a blocking call" in line]
+        assert blocking == [], blocking
+        if not slow:
+            break
     assert slow == [], slow
     (line,) = out.read_text().splitlines()
     assert [len(t) > 40_000 for t in json.loads(line)["tokens"]] == [True, True]
+    return out
+
+
+def test_producing_a_group_tokenizes_it_off_the_loop(tmp_path: Path) -> None:
+    with ScriptedOpenAIServer(default=long_answer) as server:
+
+        def produce(out: Path) -> list[str]:
+            slow: list[str] = []
+            stats = run_watched(produce_one_group(server.base_url, out), 0.05, slow)
+            assert stats.groups_sent == 1, stats
+            return slow
+
+        never_holding_the_loop(produce, tmp_path)
 
 
 def test_clotho_process_never_holds_the_loop(
@@ -89,21 +102,17 @@ def test_clotho_process_never_holds_the_loop(
     # The command's own asyncio.run (clotho.cli.running.run_async), watched.
     monkeypatch.setattr(asyncio, "run", lambda coro: run_watched(coro, 0.05, slow))
     with ScriptedOpenAIServer(default=long_answer) as server:
-        for attempt in range(2):
+
+        def produce(out: Path) -> list[str]:
             slow.clear()
-            out = tmp_path / f"groups{attempt}.jsonl"
             args = ["process", "terminal_test", "--out", str(out), "--n-groups", "1",
                     "--group-size", "2", "--model", "m", "--base-url", server.base_url,
                     "--tokenizer", str(QWEN_DIR), "--set", "max_turns=1",
                     "--set", "model.max_retries=0"]  # fmt: skip
             result = CliRunner().invoke(app, args)
             assert result.exit_code == 0, (result.output, result.exception)
-            blocking = [line for line in slow if "made a blocking call" in line]
-            assert blocking == [], blocking
-            if not slow:
-                break
-    assert slow == [], slow
-    (line,) = out.read_text().splitlines()
-    assert [len(t) > 40_000 for t in json.loads(line)["tokens"]] == [True, True]
+            return slow
+
+        out = never_holding_the_loop(produce, tmp_path)
     report = out.with_suffix(".html").read_text()
     assert "the quick brown fox" in report  # the long groups are in it
