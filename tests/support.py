@@ -1,4 +1,5 @@
-"""Helpers the test modules share: waiting for a condition instead of for a duration.
+"""Helpers the test modules share: waiting for a condition instead of for a duration, the
+`clotho` command in a child process, and small Harbor tasks written on disk.
 
 A test asserts what happened and in which order, never how long it took: a busy machine
 stretches every duration. The only sleeps in tests are the polls here, and their deadlines
@@ -10,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -105,3 +108,52 @@ async def http_up(url: str, timeout: float = PATIENCE_S) -> None:
 
         if not await wait_until(answers, timeout):
             raise AssertionError(f"{url} did not answer within {timeout:g} s")
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def run_clotho(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """`python -m clotho *args` in a child process, its output captured as text; `env` goes
+    over this process's environment. The timeout bounds a hung command, it measures nothing."""
+    return subprocess.run(
+        [sys.executable, "-m", "clotho", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+# --- tasks on disk -----------------------------------------------------------------------------
+
+# The verifier of a written task: reward 1 when /app/done.txt holds "ok".
+DONE_TEST_SH = """\
+mkdir -p /logs/verifier
+if [ "$(cat /app/done.txt 2>/dev/null)" = ok ]; then echo 1; else echo 0; fi \\
+  > /logs/verifier/reward.txt
+"""
+
+
+def write_task(
+    root: Path,
+    name: str,
+    *,
+    solve_sh: str = "echo ok > /app/done.txt\n",
+    test_sh: str = DONE_TEST_SH,
+    agent_timeout_s: float = 60.0,
+) -> Path:
+    """A small Harbor task at `root/name` (as conftest's `make_task` writes one), for fixtures
+    wider than a test's tmp_path; by default its solution passes."""
+    task = root / name
+    for sub in ("tests", "solution", "environment"):
+        (task / sub).mkdir(parents=True)
+    toml = '[metadata]\ncategory = "files"\n[verifier]\ntimeout_sec = 30.0\n'
+    agent = f"[agent]\ntimeout_sec = {agent_timeout_s}\n"
+    (task / "task.toml").write_text('version = "1.0"\n' + toml + agent)
+    (task / "instruction.md").write_text("Write ok into /app/done.txt.")
+    (task / "tests" / "test.sh").write_text(test_sh)
+    (task / "solution" / "solve.sh").write_text(solve_sh)
+    return task

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import requires_bwrap
+from tests.support import run_clotho as clotho
 from tests.support import wait_until_sync
 
 pytestmark = requires_bwrap
@@ -27,18 +28,6 @@ RESULT_FIELDS = {
     "turns",
     "duration_s",
 }
-
-
-def clotho(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "clotho", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def results(out: Path) -> list[dict]:

@@ -10,58 +10,21 @@ run and its allowed resume are real `clotho eval` processes on the local backend
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from tests.conftest import requires_bwrap
+from tests.support import run_clotho, write_task
 from typer.testing import CliRunner
 
 from clotho.cli.main import app
 
 pytestmark = requires_bwrap
 
-TEST_SH = """\
-mkdir -p /logs/verifier
-if [ "$(cat /app/done.txt 2>/dev/null)" = ok ]; then echo 1; else echo 0; fi \\
-  > /logs/verifier/reward.txt
-"""
-
 
 def clotho(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "clotho", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "10000"},
-    )
-
-
-def write_task(root: Path, name: str) -> Path:
-    task = root / name
-    for folder in ("tests", "solution", "environment"):
-        (task / folder).mkdir(parents=True)
-    (task / "task.toml").write_text(
-        textwrap.dedent(
-            """\
-            version = "1.0"
-            [metadata]
-            category = "files"
-            [verifier]
-            timeout_sec = 30.0
-            [agent]
-            timeout_sec = 60.0
-            """
-        )
-    )
-    (task / "instruction.md").write_text("Write ok into /app/done.txt.")
-    (task / "tests" / "test.sh").write_text(TEST_SH)
-    (task / "solution" / "solve.sh").write_text("echo ok > /app/done.txt\n")
-    return task
+    return run_clotho(*args, env={"COLUMNS": "10000"})
 
 
 def snapshot(run: Path) -> dict[str, tuple[bytes, int]]:

@@ -8,22 +8,10 @@ same again; with the flag given again the run goes on.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.conftest import requires_bwrap
-
-
-def clotho(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "clotho", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=dict(os.environ),
-    )
+from tests.support import run_clotho as clotho
 
 
 def edit(config: Path, **changes: object) -> None:

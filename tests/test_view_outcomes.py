@@ -19,13 +19,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests import support
 from tests.conftest import requires_bwrap
 from tests.support import port_open, wait_until_sync
 from tests.test_view_browser import css, on_screen, shot, wait
@@ -44,45 +44,16 @@ needs_chromium = pytest.mark.skipif(
     reason="chromium and chromium-driver are not installed (make test installs them)",
 )
 
-DONE_TEST_SH = """\
-mkdir -p /logs/verifier
-if [ "$(cat /app/done.txt 2>/dev/null)" = ok ]; then echo 1; else echo 0; fi \\
-  > /logs/verifier/reward.txt
-"""
 # The oracle prints two lines and some markup: the page must show both lines and the markup
 # as text.
 PASS_SOLVE = "printf 'line one\\nline two <b>bold</b>\\n'\necho ok > /app/done.txt\n"
 HANG_SOLVE = "sleep 600\n"
 
 
-def write_task(
-    root: Path,
-    name: str,
-    *,
-    solve_sh: str = "echo ok > /app/done.txt\n",
-    test_sh: str = DONE_TEST_SH,
-) -> Path:
-    """A small Harbor task (as conftest's make_task writes one), under a folder of our own."""
-    task = root / name
-    for sub in ("tests", "solution", "environment"):
-        (task / sub).mkdir(parents=True)
-    (task / "task.toml").write_text(
-        textwrap.dedent(
-            """\
-            version = "1.0"
-            [metadata]
-            category = "files"
-            [verifier]
-            timeout_sec = 30.0
-            [agent]
-            timeout_sec = 900.0
-            """
-        )
-    )
-    (task / "instruction.md").write_text("Write ok into /app/done.txt.")
-    (task / "tests" / "test.sh").write_text(test_sh)
-    (task / "solution" / "solve.sh").write_text(solve_sh)
-    return task
+def write_task(root: Path, name: str, **kwargs: Any) -> Path:
+    """A small task whose agent may run 900 s: a hanging solution is cut by the test, not by
+    its timeout."""
+    return support.write_task(root, name, agent_timeout_s=900.0, **kwargs)
 
 
 def clotho(*args: str) -> subprocess.CompletedProcess[str]:

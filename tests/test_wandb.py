@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import wait_until_sync
+from tests.support import run_clotho, wait_until_sync
 
 pytest.importorskip("wandb")
 
@@ -315,16 +315,11 @@ def test_generate_wandb_logs_tool_errors_and_reasoning(tmp_path: Path) -> None:
     )
     out = tmp_path / "run"
     with ScriptedOpenAIServer(default=agent_model()) as server:
-        result = subprocess.run(
-            [
-                sys.executable, "-m", "clotho", "generate", str(prompts), "--out", str(out),
-                "--base-url", server.base_url, "--model", "m", "-n", "1",
-                "--wandb", "clotho-generate-test",
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "HOME": str(tmp_path)},
-            timeout=300,
+        result = run_clotho(
+            "generate", str(prompts), "--out", str(out),
+            "--base-url", server.base_url, "--model", "m", "-n", "1",
+            "--wandb", "clotho-generate-test",
+            env={"HOME": str(tmp_path)},
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     logged = read_offline_run(out)
@@ -358,17 +353,12 @@ def test_process_wandb_logs_each_groups_tool_errors(tmp_path: Path) -> None:
 
     out = tmp_path / "groups.jsonl"
     with ScriptedOpenAIServer(default=model) as server:
-        result = subprocess.run(
-            [
-                sys.executable, "-m", "clotho", "process", "terminal_test", "--out", str(out),
-                "--n-groups", "1", "--group-size", "2", "--model", "m",
-                "--base-url", server.base_url, "--tokenizer", str(QWEN_DIR),
-                "--set", "num_rollouts_per_group_for_logging=1", "--wandb", "clotho-process-test",
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "HOME": str(tmp_path)},
-            timeout=300,
+        result = run_clotho(
+            "process", "terminal_test", "--out", str(out),
+            "--n-groups", "1", "--group-size", "2", "--model", "m",
+            "--base-url", server.base_url, "--tokenizer", str(QWEN_DIR),
+            "--set", "num_rollouts_per_group_for_logging=1", "--wandb", "clotho-process-test",
+            env={"HOME": str(tmp_path)},
         )  # fmt: skip
     assert result.returncode == 0, result.stderr
     logged = read_offline_run(tmp_path)
