@@ -127,7 +127,14 @@ async def endless_json(
     """200 and a JSON string that never closes, 64 KiB a chunk, until the client hangs up."""
     writer.write(head(Transfer_Encoding="chunked"))
     writer.write(framed(b'{"choices": [{"message": {"content": "'))
-    chunk = framed(b"x" * CHUNK)
+    await repeat_until_hung_up(server, writer, hung_up, b"x")
+
+
+async def repeat_until_hung_up(
+    server: RawServer, writer: asyncio.StreamWriter, hung_up: asyncio.Event, byte: bytes
+) -> None:
+    """`byte` CHUNK times a chunk, until the client hangs up (or the server's bound)."""
+    chunk = framed(byte * CHUNK)
     while not hung_up.is_set() and server.sent < SERVER_BOUND:
         writer.write(chunk)
         server.sent += CHUNK
@@ -138,11 +145,7 @@ async def endless_error(
     server: RawServer, writer: asyncio.StreamWriter, hung_up: asyncio.Event
 ) -> None:
     writer.write(head(400, Transfer_Encoding="chunked"))
-    chunk = framed(b"e" * CHUNK)
-    while not hung_up.is_set() and server.sent < SERVER_BOUND:
-        writer.write(chunk)
-        server.sent += CHUNK
-        await writer.drain()
+    await repeat_until_hung_up(server, writer, hung_up, b"e")
 
 
 async def gzip_bomb(
