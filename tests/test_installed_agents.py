@@ -8,27 +8,27 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.docker_probe import requires_docker
 from tests.sandbox_fixtures import requires_bwrap
-from tests.scripted_openai import ScriptedOpenAIServer, assistant, fast_config, tool_call
+from tests.scripted_openai import ScriptedOpenAIServer, assistant, tool_call
 
-from clotho.chat import ChatClient
 from clotho.errors import ConfigError, TaskError
-from clotho.gateway import Gateway, GatewayLimits
+from clotho.gateway import GatewayLimits
 from clotho.installed_agents import InstalledAgentRunner, agent_names, installed_agent
 from clotho.installed_agents.base import AGENT_LOGS, sandbox_python
 from clotho.sandbox import LocalSandboxConfig, open_sandbox
-from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.config import DockerSandboxConfig, SandboxConfig
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import HarborTrial, run_trial
 
 pytestmark = [pytest.mark.bwrap, requires_bwrap]
+pytest_plugins = ("tests.gateway_fixtures",)  # gateway_for
 
 TASK = Path(__file__).parents[1] / "examples" / "tasks" / "fix-roman-numerals"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -63,32 +63,23 @@ def giving_up(body: dict[str, Any]) -> dict[str, Any]:
     return _bash(SUBMIT)
 
 
-@pytest.fixture
-async def gateway_for() -> AsyncIterator[Callable[[ScriptedOpenAIServer], Gateway]]:
-    made: list[tuple[Gateway, ChatClient]] = []
-
-    def make(server: ScriptedOpenAIServer) -> Gateway:
-        client = ChatClient(fast_config(server.base_url, max_retries=1, api_key_env=None))
-        gateway = Gateway(client, model_name="scripted-model")
-        made.append((gateway, client))
-        return gateway
-
-    yield make
-    for gateway, client in made:
-        await gateway.aclose()
-        await client.aclose()
-
-
 async def _attempt(
-    policy: Callable[[dict[str, Any]], dict[str, Any]], gateway_for: Any
+    policy: Callable[[dict[str, Any]], dict[str, Any]],
+    gateway_for: Any,
+    max_turns: int = 10,
+    config: SandboxConfig | None = None,
 ) -> tuple[Any, InstalledAgentRunner, ScriptedOpenAIServer]:
+    """mini-swe-agent on the bundled task (in a local sandbox unless `config` says), its
+    model `policy` behind a gateway allowing `max_turns` calls."""
     with ScriptedOpenAIServer(default=policy) as server:
         runner = InstalledAgentRunner(
-            installed_agent("mini-swe-agent"), gateway_for(server), GatewayLimits(max_turns=10)
+            installed_agent("mini-swe-agent"),
+            gateway_for(server),
+            GatewayLimits(max_turns=max_turns),
         )
         async with SlotPool() as pool:
-            outcome = await run_trial(HarborTrial(load_task(TASK)), runner, LocalSandboxConfig(),
-                                      pool)  # fmt: skip
+            outcome = await run_trial(HarborTrial(load_task(TASK)), runner,
+                                      config or LocalSandboxConfig(), pool)  # fmt: skip
     return outcome, runner, server
 
 
@@ -134,13 +125,7 @@ async def test_mini_swe_agent_that_does_not_solve_fails(gateway_for: Any) -> Non
 async def test_the_model_budget_ends_the_agent(gateway_for: Any) -> None:
     """A turn limit of 1: the second call is refused by the gateway, the agent stops, the
     attempt is the agent's failure (reward 0, stop reason max_turns), never an infra error."""
-    with ScriptedOpenAIServer(default=giving_up) as server:
-        runner = InstalledAgentRunner(
-            installed_agent("mini-swe-agent"), gateway_for(server), GatewayLimits(max_turns=1)
-        )
-        async with SlotPool() as pool:
-            outcome = await run_trial(HarborTrial(load_task(TASK)), runner, LocalSandboxConfig(),
-                                      pool)  # fmt: skip
+    outcome, runner, server = await _attempt(giving_up, gateway_for, max_turns=1)
     [run] = runner.runs
     assert len(server.requests) == 1
     assert run.record.limit == "turns"
@@ -195,13 +180,7 @@ async def test_an_install_is_made_once_and_only_used_when_finished(
 async def test_mini_swe_agent_solves_on_docker_too(gateway_for: Any) -> None:
     """The same attempt in a container: the gateway's socket in its FIFO folder, the install
     uploaded into the container, the task's own image."""
-    with ScriptedOpenAIServer(default=solving) as server:
-        runner = InstalledAgentRunner(
-            installed_agent("mini-swe-agent"), gateway_for(server), GatewayLimits(max_turns=10)
-        )
-        async with SlotPool() as pool:
-            outcome = await run_trial(HarborTrial(load_task(TASK)), runner, DockerSandboxConfig(),
-                                      pool)  # fmt: skip
+    outcome, runner, server = await _attempt(solving, gateway_for, config=DockerSandboxConfig())
     [run] = runner.runs
     assert outcome.error is None, (outcome.error, run.output)
     assert (outcome.reward, outcome.passed) == (1.0, True), (outcome.verifier, _observed(run))
