@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from tests.conftest import requires_bwrap
 from tests.docker_probe import requires_docker
 from tests.scripted_openai import HTTPError, RawBody, ScriptedOpenAIServer, assistant, tool_call
+from tests.support import run_clotho as clotho
 
 from clotho.chat.client import ChatClient, ModelConfig
 from clotho.env.registry import load_environment
@@ -117,6 +117,22 @@ def make_env(
     return EndlessEnv(env_config, model=ChatClient(agent_config))
 
 
+async def first_kept_task(
+    script: list[Any], saved: Path, attempts: int
+) -> tuple[EndlessEnv, Any, ScriptedOpenAIServer, ScriptedOpenAIServer]:
+    """The first task an env keeps of what the generator answers from `script` (within
+    `attempts`), saved under `saved`; the env set up for it and closed. With the env, the
+    task, and the two scripted models (generator, agent) to look at."""
+    with ScriptedOpenAIServer(script) as generator, ScriptedOpenAIServer() as agent:
+        env = make_env(generator, agent, save_tasks=str(saved), max_generation_attempts=attempts)
+        try:
+            await env.setup()
+            task = await env.get_next_item()
+        finally:
+            await env.close()
+    return env, task, generator, agent
+
+
 async def test_only_sound_tasks_are_kept_and_discards_are_counted(tmp_path: Path) -> None:
     script = [
         reply(GARBLED),
@@ -130,14 +146,8 @@ async def test_only_sound_tasks_are_kept_and_discards_are_counted(tmp_path: Path
         reply(GOOD, fenced=True),
     ]
     saved = tmp_path / "saved"
-    with ScriptedOpenAIServer(script) as generator, ScriptedOpenAIServer() as agent:
-        env = make_env(generator, agent, save_tasks=str(saved), max_generation_attempts=10)
-        try:
-            await env.setup()
-            task = await env.get_next_item()
-        finally:
-            await env.close()
-        assert generator.remaining == 0 and not agent.requests
+    env, task, generator, agent = await first_kept_task(script, saved, attempts=10)
+    assert generator.remaining == 0 and not agent.requests
     assert env.stats.tasks_generated == 9 and env.stats.tasks_kept == 1
     assert env.stats.tasks_discarded == 8
     assert env.stats.discarded == {
@@ -225,16 +235,6 @@ async def test_an_agent_that_replaces_a_program_the_checks_name_gets_no_reward()
     (rollout,) = rollouts
     assert rollout.reward is None and rollout.error is not None
     assert rollout.error.kind == "tamper" and "expr" in rollout.error.message
-
-
-def clotho(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "clotho", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ),
-    )
 
 
 async def test_saved_tasks_pass_clotho_eval_with_the_oracle(tmp_path: Path) -> None:
@@ -809,14 +809,7 @@ async def test_setups_that_leave_links_out_or_special_files_are_rejected(tmp_pat
         reply(variant(name="chain", setup="mkdir b && ln -s ../x b/c && ln -s b/c/../.. esc")),
         reply(GOOD),
     ]
-    saved = tmp_path / "saved"
-    with ScriptedOpenAIServer(script) as generator, ScriptedOpenAIServer() as agent:
-        env = make_env(generator, agent, save_tasks=str(saved), max_generation_attempts=5)
-        try:
-            await env.setup()
-            task = await env.get_next_item()
-        finally:
-            await env.close()
+    env, task, _, _ = await first_kept_task(script, tmp_path / "saved", attempts=5)
     assert env.stats.discarded == {"invalid": 4}, env.stats.discarded
     assert task.name.startswith("count-the-lines-")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]

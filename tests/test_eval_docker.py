@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import signal
 import socket
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 from tests.docker_probe import DOCKER_PROBLEM, IN_CI, requires_docker  # noqa: F401
-from tests.support import wait_until_sync
+from tests.support import run_clotho, wait_until_sync
 
 from clotho.sandbox.docker.images import context_hash
 from clotho.sandbox.host.leases import OWNER
@@ -36,13 +35,7 @@ def _docker_answers() -> None:
 def clotho(
     *args: str, env: dict[str, str] | None = None, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "clotho", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "300", **(env or {})},
-    )
+    return run_clotho(*args, env={"COLUMNS": "300", **(env or {})}, timeout=timeout)
 
 
 def results(out: Path) -> list[dict]:
