@@ -12,18 +12,17 @@ import os
 import re
 import shlex
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.docker_probe import requires_docker
 from tests.sandbox_fixtures import requires_bwrap
-from tests.scripted_openai import ScriptedOpenAIServer, assistant, fast_config, tool_call
+from tests.scripted_openai import ScriptedOpenAIServer, assistant, tool_call
 
-from clotho.chat import ChatClient
 from clotho.errors import TaskError
-from clotho.gateway import Gateway, GatewayLimits
+from clotho.gateway import GatewayLimits
 from clotho.installed_agents import InstalledAgentRunner, agent_names, installed_agent
 from clotho.installed_agents.base import default_cache_dir
 from clotho.installed_agents.claude_code import ClaudeCode
@@ -41,6 +40,7 @@ requires_npm = pytest.mark.skipif(
     reason="npm is not installed: the npm agents are installed with it",
 )
 pytestmark = [pytest.mark.bwrap, requires_bwrap, requires_npm]
+pytest_plugins = ("tests.gateway_fixtures",)  # gateway_for
 
 TASK = Path(__file__).parents[1] / "examples" / "tasks" / "fix-roman-numerals"
 SOLVED = "CLOTHO_SOLVED"
@@ -119,22 +119,6 @@ API = {"codex": "openai-responses", "claude-code": "anthropic-messages", "openco
 AGENTS = list(POLICIES)
 
 
-@pytest.fixture
-async def gateway_for() -> AsyncIterator[Callable[[ScriptedOpenAIServer], Gateway]]:
-    made: list[tuple[Gateway, ChatClient]] = []
-
-    def make(server: ScriptedOpenAIServer) -> Gateway:
-        client = ChatClient(fast_config(server.base_url, max_retries=1, api_key_env=None))
-        gateway = Gateway(client, model_name="scripted-model")
-        made.append((gateway, client))
-        return gateway
-
-    yield make
-    for gateway, client in made:
-        await gateway.aclose()
-        await client.aclose()
-
-
 async def _attempt(
     name: str,
     policy: Callable[[dict[str, Any]], dict[str, Any]],
@@ -186,34 +170,23 @@ def _check_failed(name: str, outcome: Any, run: Any, server: ScriptedOpenAIServe
     assert run.exit_code == 0 and run.trajectory is not None, run.output  # ran to its own end
 
 
+# Each agent twice on each backend: led through the solution it passes, giving up it fails.
+BACKENDS = [
+    pytest.param(LocalSandboxConfig, id="locally"),
+    pytest.param(DockerSandboxConfig, id="on-docker", marks=requires_docker),
+]
+ENDINGS = {"led-to-the-solution-passes": (0, _check_solved), "giving-up-fails": (1, _check_failed)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ending", list(ENDINGS))
 @pytest.mark.parametrize("name", AGENTS)
-async def test_led_to_the_solution_passes_locally(name: str, gateway_for: Any) -> None:
-    outcome, run, server = await _attempt(name, POLICIES[name][0], gateway_for,
-                                          LocalSandboxConfig())  # fmt: skip
-    _check_solved(name, outcome, run, server)
-
-
-@pytest.mark.parametrize("name", AGENTS)
-async def test_giving_up_fails_locally(name: str, gateway_for: Any) -> None:
-    outcome, run, server = await _attempt(name, POLICIES[name][1], gateway_for,
-                                          LocalSandboxConfig())  # fmt: skip
-    _check_failed(name, outcome, run, server)
-
-
-@requires_docker
-@pytest.mark.parametrize("name", AGENTS)
-async def test_led_to_the_solution_passes_on_docker(name: str, gateway_for: Any) -> None:
-    outcome, run, server = await _attempt(name, POLICIES[name][0], gateway_for,
-                                          DockerSandboxConfig())  # fmt: skip
-    _check_solved(name, outcome, run, server)
-
-
-@requires_docker
-@pytest.mark.parametrize("name", AGENTS)
-async def test_giving_up_fails_on_docker(name: str, gateway_for: Any) -> None:
-    outcome, run, server = await _attempt(name, POLICIES[name][1], gateway_for,
-                                          DockerSandboxConfig())  # fmt: skip
-    _check_failed(name, outcome, run, server)
+async def test_led_to_the_solution_passes_and_giving_up_fails(
+    name: str, ending: str, backend: type[SandboxConfig], gateway_for: Any
+) -> None:
+    policy, check = ENDINGS[ending]
+    outcome, run, server = await _attempt(name, POLICIES[name][policy], gateway_for, backend())
+    check(name, outcome, run, server)
 
 
 def test_the_npm_agents_are_registered_and_pinned() -> None:
