@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from tests.docker_probe import DOCKER_PROBLEM, requires_docker
-from tests.support import wait_until, wait_until_sync
+from tests.support import run_clotho, wait_until, wait_until_sync
 
 from clotho.errors import TaskError
 from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig
@@ -248,13 +248,7 @@ def test_local_eval_of_a_sidecar_task_is_a_task_error_not_a_run(make_task, tmp_p
 
 
 def _clotho(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "clotho", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "300"},
-    )
+    return run_clotho(*args, env={"COLUMNS": "300"}, timeout=timeout)
 
 
 def _results(out: Path) -> list[dict]:
@@ -269,9 +263,10 @@ def run_folder(tmp_path: Path) -> Path:
     return tmp_path / f"run-{secrets.token_hex(6)}"
 
 
-def _run_containers(out: Path) -> list[str]:
+def _run_containers(out: Path, label: str = "clotho=1") -> list[str]:
+    """The run's containers (by the run label: see run_folder) that carry `label`."""
     proc = subprocess.run(
-        ["docker", "ps", "-a", "--filter", "label=clotho=1", "--format",
+        ["docker", "ps", "-a", "--filter", f"label={label}", "--format",
          '{{.Names}} {{.Label "clotho.run"}}'],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -441,16 +436,7 @@ def test_gc_removes_a_killed_runs_sidecar(make_task, tmp_path: Path) -> None:
 
 
 def _sidecars_of(out: Path) -> list[str]:
-    proc = subprocess.run(
-        ["docker", "ps", "-a", "--filter", "label=clotho.sidecar=kv", "--format",
-         '{{.Names}} {{.Label "clotho.run"}}'],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return [
-        line.split()[0]
-        for line in proc.stdout.splitlines()
-        if len(line.split()) == 2 and line.split()[1].startswith(f"{out.name}-")
-    ]
+    return _run_containers(out, "clotho.sidecar=kv")
 
 
 def _agent_started(out: Path) -> bool:
