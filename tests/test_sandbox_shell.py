@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -22,24 +23,38 @@ BASH = ["bash", "--noprofile", "--norc"]
 DROPPED = re.compile(r"\n\[\.\.\. (\d+) bytes of output dropped \.\.\.\]\n")
 
 
-@pytest.fixture
-async def make_shell(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
+@contextlib.asynccontextmanager
+async def shell_maker(
+    tmp_path: Path, extra_env: dict[str, str]
+) -> AsyncIterator[Callable[..., Awaitable[PersistentShell]]]:
+    """For a `make_shell` fixture: `make(max_output_bytes, session=False)` starts a bash
+    `PersistentShell` in `tmp_path` (the base environment and `extra_env`); all are closed
+    when the test is done."""
     shells: list[PersistentShell] = []
 
-    async def make(max_output_bytes: int = 8 << 20) -> PersistentShell:
+    async def make(max_output_bytes: int = 8 << 20, session: bool = False) -> PersistentShell:
         shell = PersistentShell(
             BASH,
-            env=base_env(str(tmp_path), {"CLOTHO_TEST_BASE": "base"}),
+            env=base_env(str(tmp_path), extra_env),
             cwd=str(tmp_path),
             max_output_bytes=max_output_bytes,
+            session=session,
         )
         await shell.start()
         shells.append(shell)
         return shell
 
-    yield make
-    for shell in shells:
-        await shell.close()
+    try:
+        yield make
+    finally:
+        for shell in shells:
+            await shell.close()
+
+
+@pytest.fixture
+async def make_shell(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[PersistentShell]]]:
+    async with shell_maker(tmp_path, {"CLOTHO_TEST_BASE": "base"}) as make:
+        yield make
 
 
 @pytest.fixture

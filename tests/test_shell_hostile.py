@@ -9,16 +9,16 @@ host's memory must stay bounded whatever floods the shell's pipes.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from tests.docker_probe import requires_docker
 from tests.support import wait_until
+from tests.test_sandbox_shell import shell_maker
 
 from clotho.errors import SandboxError
 from clotho.sandbox import shell as shell_module
-from clotho.sandbox.config import base_env
 from clotho.sandbox.shell import PersistentShell
 
 BASH = ["bash", "--noprofile", "--norc"]
@@ -55,24 +55,14 @@ def vm_kb(field: str) -> int:
 
 
 @pytest.fixture
-async def make_shell(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
-    shells: list[PersistentShell] = []
+async def make_shell(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[PersistentShell]]]:
+    """`make(mode, max_output_bytes)`: a shell in `mode` (one of MODES)."""
+    async with shell_maker(tmp_path, {}) as make:
 
-    async def make(mode: str, max_output_bytes: int = 8 << 20) -> PersistentShell:
-        shell = PersistentShell(
-            BASH,
-            env=base_env(str(tmp_path), {}),
-            cwd=str(tmp_path),
-            max_output_bytes=max_output_bytes,
-            session=mode == "session",
-        )
-        await shell.start()
-        shells.append(shell)
-        return shell
+        async def in_mode(mode: str, max_output_bytes: int = 8 << 20) -> PersistentShell:
+            return await make(max_output_bytes, session=mode == "session")
 
-    yield make
-    for shell in shells:
-        await shell.close()
+        yield in_mode
 
 
 async def quiet_once(shell: PersistentShell) -> bool:
