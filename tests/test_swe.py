@@ -32,16 +32,7 @@ from clotho.swe.trial import SweTrial
 from clotho.tasks.discover import discover
 from clotho.tasks.trial import run_trial
 
-
-@pytest.fixture(scope="session")
-def toys(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The five toy repositories, built as `make test` builds them (a folder of mirrors)."""
-    return build_toys(tmp_path_factory.mktemp("toys"))[0].parent
-
-
-@pytest.fixture
-def options(toys: Path, tmp_path: Path) -> SweOptions:
-    return SweOptions(repos_dir=str(toys), cache_dir=str(tmp_path / "cache"), network_clone=False)
+pytest_plugins = ("tests.swe_fixtures",)  # toys, options
 
 
 def toy_records() -> list[dict]:

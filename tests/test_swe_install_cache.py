@@ -25,7 +25,7 @@ from clotho.agent.reference import OracleAgent
 from clotho.errors import SandboxError, TaskError
 from clotho.sandbox import DockerSandboxConfig, LocalSandboxConfig, SandboxConfig
 from clotho.sandbox.pool import PoolConfig, SlotPool
-from clotho.swe.examples import TOY_INSTANCES, build_toys
+from clotho.swe.examples import TOY_INSTANCES
 from clotho.swe.install_cache import InstallCache, InstallCacheOptions
 from clotho.swe.instance import SweInstance, SweOptions
 from clotho.swe.repos import RepoCache
@@ -43,14 +43,7 @@ SHOW = (
 )
 
 
-@pytest.fixture(scope="module")
-def toys(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_toys(tmp_path_factory.mktemp("toys"))[0].parent
-
-
-@pytest.fixture
-def options(toys: Path, tmp_path: Path) -> SweOptions:
-    return SweOptions(repos_dir=str(toys), cache_dir=str(tmp_path / "cache"), network_clone=False)
+pytest_plugins = ("tests.swe_fixtures",)  # toys, options
 
 
 def record(install_cmd: str = INSTALL) -> dict:
