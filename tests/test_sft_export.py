@@ -538,32 +538,32 @@ def test_process_writes_passed_rollouts_with_tokens(tmp_path: Path) -> None:
         assert line["metadata"]["tokens_from"] == "group"
 
 
-def test_flag_mistakes_are_one_line_errors(tmp_path: Path) -> None:
-    proc = clotho("eval", str(tmp_path), "--sft-format", "sharegpt")
-    assert proc.returncode == 2 and "need --sft-out" in proc.stderr
-    proc = clotho(
-        "eval",
-        str(tmp_path),
-        "--sft-out",
-        str(tmp_path / "x"),
+# Flag mistakes of `clotho eval` (placeholder {tmp}: the test's folder) and the message part.
+FLAG_MISTAKES = {
+    "format-without-out": (["{tmp}", "--sft-format", "sharegpt"], "need --sft-out"),
+    "all-with-min-reward": (
+        ["{tmp}", "--sft-out", "{tmp}/x", "--sft-all", "--sft-min-reward", "1"],
         "--sft-all",
-        "--sft-min-reward",
-        "1",
-    )
-    assert proc.returncode == 2 and "--sft-all" in proc.stderr
-    proc = clotho(
-        "eval", str(tmp_path), "--sft-out", str(tmp_path / "x"), "--sft-errors", "infra,bogus"
-    )
-    assert proc.returncode == 2 and "bogus" in proc.stderr
-    proc = clotho(
-        "eval",
-        str(tmp_path),
-        "--sft-out",
-        str(tmp_path / "x"),
-        "--sft-tokenizer",
-        str(tmp_path / "no"),
-    )
-    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    ),
+    "unknown-error-kind": (
+        ["{tmp}", "--sft-out", "{tmp}/x", "--sft-errors", "infra,bogus"],
+        "bogus",
+    ),
+    "missing-tokenizer": (
+        ["{tmp}", "--sft-out", "{tmp}/x", "--sft-tokenizer", "{tmp}/no"],
+        "does not exist",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", list(FLAG_MISTAKES))
+def test_flag_mistakes_are_one_line_errors(tmp_path: Path, mistake: str) -> None:
+    args, said = FLAG_MISTAKES[mistake]
+    proc = clotho("eval", *(a.replace("{tmp}", str(tmp_path)) for a in args))
+    assert proc.returncode == 2 and said in proc.stderr
+
+
+def test_export_of_a_missing_run_is_a_one_line_error(tmp_path: Path) -> None:
     proc = export_cli(str(tmp_path / "missing"), "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and "neither an eval run directory" in proc.stderr
 
