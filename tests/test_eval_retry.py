@@ -43,6 +43,17 @@ def test_only_infra_errors_are_retried_and_the_budget_holds() -> None:
     assert (default.per_attempt, default.left) == (2, 10)
 
 
+def _two_tasks_and_a_blocker(make_task: TaskFactory, tmp_path: Path) -> tuple[Path, Path]:
+    """Tasks a and b, and a file where the sandboxes' state folder's parent should be: the
+    local backend fails to make their folders (an infra error) until the file goes."""
+    tasks = tmp_path / "tasks"
+    make_task("a", root=tasks)
+    make_task("b", root=tasks)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the state folder's parent should be")
+    return tasks, blocker
+
+
 @requires_bwrap
 async def test_a_sandbox_that_cannot_be_made_is_retried_within_the_run(
     make_task: TaskFactory, tmp_path: Path
@@ -50,11 +61,7 @@ async def test_a_sandbox_that_cannot_be_made_is_retried_within_the_run(
     """The local backend cannot make the sandbox's folder (its parent is a file: a real
     failure, while acquiring, so an infra error); the run repairs it when it hears of the
     retry, and the retry passes. One line per attempt; the lost try is kept apart."""
-    tasks = tmp_path / "tasks"
-    make_task("a", root=tasks)
-    make_task("b", root=tasks)
-    blocker = tmp_path / "blocker"
-    blocker.write_text("a file where the state folder's parent should be")
+    tasks, blocker = _two_tasks_and_a_blocker(make_task, tmp_path)
     state = blocker / "state"
     out = tmp_path / "run"
     events: list[tuple[str, object]] = []
@@ -96,11 +103,7 @@ async def test_a_sandbox_that_cannot_be_made_is_retried_within_the_run(
 async def test_past_the_budget_infra_failures_are_recorded_for_resume(
     make_task: TaskFactory, tmp_path: Path
 ) -> None:
-    tasks = tmp_path / "tasks"
-    make_task("a", root=tasks)
-    make_task("b", root=tasks)
-    blocker = tmp_path / "blocker"
-    blocker.write_text("never repaired")
+    tasks, blocker = _two_tasks_and_a_blocker(make_task, tmp_path)
     out = tmp_path / "run"
     config = EvalConfig(
         paths=[str(tasks)],
