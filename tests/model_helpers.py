@@ -1,13 +1,14 @@
 """What the model tests share: a scripted answer held open until the test lets it go, and the
-real embedded model (llama.cpp) loaded for a module's tests."""
+real embedded model (llama.cpp) loaded for a module's tests (`model_fixture`)."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 from tests.scripted_openai import assistant
 from tests.support import PATIENCE_S
 
@@ -37,3 +38,15 @@ def embedded_model(n_ctx: int) -> Iterator[tuple[Any, Any]]:
         yield client, tokenizer
     finally:
         client.close()
+
+
+def model_fixture(n_ctx: int) -> Callable[[], Iterator[tuple[Any, Any]]]:
+    """A module-scoped `model` fixture, (client, tokenizer) of the embedded model with an
+    `n_ctx` context: `model = model_fixture(1024)` in the test module."""
+
+    @pytest.fixture(scope="module", name="model")
+    def model() -> Iterator[tuple[Any, Any]]:
+        with embedded_model(n_ctx) as loaded:
+            yield loaded
+
+    return model

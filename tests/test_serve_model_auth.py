@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.model_helpers import embedded_model
+from tests.model_helpers import model_fixture
 from tests.scripted_openai import fast_config
 from tests.support import wait_until_sync
 from tests.test_trainers_support import free_port
@@ -42,10 +42,7 @@ from clotho.chat.token_server import TokenServer, build_app, listen_socket  # no
 TOKEN = "model-tok-8d1c44e0b9"
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[tuple[LlamaCppTokenClient, TemplateTokenizer]]:
-    with embedded_model(n_ctx=512) as loaded:
-        yield loaded
+model = model_fixture(n_ctx=512)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.model_helpers import embedded_model
+from tests.model_helpers import model_fixture
 from tests.scripted_openai import fast_config
 from tests.support import wait_until_sync
 
@@ -37,11 +37,7 @@ from clotho.chat.local_model import LlamaCppTokenClient  # noqa: E402
 from clotho.chat.token_http import SglangTokenClient  # noqa: E402
 from clotho.chat.token_server import TokenServer, build_app  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[tuple[LlamaCppTokenClient, TemplateTokenizer]]:
-    with embedded_model(n_ctx=1024) as loaded:
-        yield loaded
+model = model_fixture(n_ctx=1024)
 
 
 @pytest.fixture(scope="module")
