@@ -110,12 +110,17 @@ def mounts_at(path: Path) -> list[str]:
     return [p for p in points if p == str(path) or p.startswith(f"{path}/")]
 
 
-def loop_backing(device: str) -> str:
-    """The file a loop device is attached to, "" when it is free."""
+def kernel_text(path: str) -> str:
+    """A /proc or /sys file's text, "" when it is gone (a process ended, a device freed)."""
     try:
-        return Path(f"/sys/block/{Path(device).name}/loop/backing_file").read_text()
+        return Path(path).read_text()
     except OSError:
         return ""
+
+
+def loop_backing(device: str) -> str:
+    """The file a loop device is attached to, "" when it is free."""
+    return kernel_text(f"/sys/block/{Path(device).name}/loop/backing_file")
 
 
 def image_blocks(folder: Path) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from tests.sandbox_fixtures import (
     alive,
+    kernel_text,
     pids_with_argv0,
     requires_bwrap,
     requires_root,
@@ -41,10 +42,7 @@ FORGER = (
 
 
 def cgroups_of(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
-        return ""
+    return kernel_text(f"/proc/{pid}/cgroup")
 
 
 def stopped_for_good(pid: int) -> bool:
