@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 # Shared helper modules: their asserts are rewritten like a test module's (pytest's messages).
-pytest.register_assert_rewrite("tests.sandbox_fixtures", "tests.support")
+pytest.register_assert_rewrite(
+    "tests.sandbox_fixtures",
+    "tests.support",
+    "tests.gateway_fixtures",
+    "tests.gateway_helpers",
+    "tests.model_helpers",
+    "tests.swe_fixtures",
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
