@@ -179,7 +179,9 @@ async def test_embedded_model_rollout_over_http_is_token_exact(
     recording = Recording(local)
     app = build_app(recording, stop_token_ids=local.end_of_turn_ids, model_path="smollm2")
     with TokenServer(app) as server:
-        client = SglangTokenClient(fast_config(server.base_url, timeout_s=120.0))
+        # What the client received, beside what the server sampled: under load a request
+        # may be retried (its first answer lost), and only received turns are the rollout's.
+        client = Recording(SglangTokenClient(fast_config(server.base_url, timeout_s=120.0)))
         sampling = TokenSampling(max_tokens=96, temperature=1.0, seed=7)
         model = TokenModel(client, tokenizer, tool_parser="hermes", sampling=sampling)
         system = {
@@ -196,8 +198,12 @@ async def test_embedded_model_rollout_over_http_is_token_exact(
         finally:
             await client.aclose()
 
-    assert result.turns == len(recording.generations) >= 1
+    assert result.turns == len(client.generations) >= 1, (result.stop_reason, result.error)
     assert result.stop_reason in {"finished", "max_turns", "token_limit"}
+    # Every answer the client received is one the server sampled, token for token, in order.
+    served = iter((g.token_ids, g.logprobs) for g in recording.generations)
+    for got in client.generations:
+        assert (got.token_ids, got.logprobs) in served, "an answer the server never sampled"
     assert result.sequences, "a sampled rollout has a training sequence"
     # Whatever the model wrote, the ledger holds exactly what the server sampled: split
     # sequences (a template break) are checked turn by turn against their own prompts.
@@ -209,18 +215,17 @@ async def test_embedded_model_rollout_over_http_is_token_exact(
         if m != MASKED
     ]
     expected = [
-        (t, lp)
-        for g in recording.generations
-        for t, lp in zip(g.token_ids, g.logprobs, strict=True)
+        (t, lp) for g in client.generations for t, lp in zip(g.token_ids, g.logprobs, strict=True)
     ]
     assert sampled == expected
     assert all(lp <= 0.0 for _, lp in sampled), "sampling logprobs are log-probabilities"
     if len(result.sequences) == 1:
         seq = result.sequences[0]
         assert_ledger_matches(
-            seq.tokens, seq.masks, seq.logprobs, recording.prompts, recording.generations
+            seq.tokens, seq.masks, seq.logprobs, client.prompts, client.generations
         )
-    assert tokens[: len(recording.prompts[0])] == recording.prompts[0]
+    assert client.prompts[0] == recording.prompts[0]
+    assert tokens[: len(client.prompts[0])] == client.prompts[0]
 
 
 class FileWriterTokens:
