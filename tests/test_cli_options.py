@@ -137,3 +137,30 @@ def test_flags_sit_between_the_config_file_and_set(tmp_path: Any) -> None:
         target = eval_command if command == "eval" else process_command
         data = opt.config_data(config, opt.overrides(target, flags), sets)
         assert data["model"] == {"model": "from-flag", "tool_parser": "from-set"}, command
+
+
+def _subcommand_options(*path: str) -> dict[str, Any]:
+    group: Any = typer.main.get_command(app)
+    for name in path:
+        group = group.commands[name]
+    return {p.opts[0]: p for p in group.params if p.opts[0].startswith("--")}
+
+
+def test_commands_that_open_a_kinds_default_config_offer_the_registrys_kinds() -> None:
+    """`check` takes any host kind, `swe generate` and `bench swe` an isolated one: the same
+    option from the one layer, in the Sandbox panel, its choices read from the registry."""
+    wanted = {
+        ("check",): sandbox_kinds(place="host"),
+        ("swe", "generate"): sandbox_kinds(place="host", isolated=True),
+        ("bench", "swe"): sandbox_kinds(place="host", isolated=True),
+    }
+    for path, kinds in wanted.items():
+        option = _subcommand_options(*path)["--sandbox"]
+        assert get_args(option.type_descriptor.annotation) == kinds, path
+        assert (option.default, option.help, option.rich_help_panel) == (
+            "local",
+            "sandbox backend",
+            "Sandbox",
+        ), path
+    assert "unsafe-local" in wanted[("check",)]
+    assert "unsafe-local" not in wanted[("swe", "generate")]

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from clotho.cli import options as opt
 from clotho.cli.running import run_async
 from clotho.runs.check import check_tasks
-from clotho.sandbox.config import config_type, sandbox_kinds
+from clotho.sandbox.config import config_type
 
 console = Console(stderr=True)
 
 
 def check_command(
     paths: Annotated[list[Path], typer.Argument(help="task directories or folders of them")],
-    sandbox: Annotated[  # the kinds registered when typer builds the command
-        Literal[sandbox_kinds(place="host")], typer.Option(help="sandbox backend")
-    ] = "local",
+    sandbox: opt.SandboxKind = "local",
     concurrency: Annotated[int, typer.Option(min=1, help="tasks checked at once")] = 4,
 ) -> None:
     """Run each task's reference solution (must pass) and no agent at all (must fail)."""

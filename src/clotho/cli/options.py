@@ -444,14 +444,22 @@ def with_sft_flags(command: Callable[..., Any]) -> SftCommand:
 
 
 def __getattr__(name: str) -> Any:
-    """`Sandbox`: made on each access, so its choices are the kinds registered when typer
-    reads a command's annotations (a kind registered after import is offered too)."""
+    """`Sandbox` (a run's `sandbox.backend`), `SandboxKind` and `IsolatedSandboxKind` (a kind
+    whose default config a command opens: `check`, `swe`): made on each access, so their
+    choices are the kinds registered when typer reads a command's annotations (a kind
+    registered after import is offered too)."""
     if name == "Sandbox":
         kinds = Literal[sandbox_kinds(place="host")]  # what --ray's nodes may run, too
         return Annotated[
             kinds | None,  # type: ignore[valid-type]
             typer.Option(help="sandbox backend (default: local)", rich_help_panel=SANDBOX),
             To("sandbox.backend"),
+        ]
+    if name in ("SandboxKind", "IsolatedSandboxKind"):
+        isolated = True if name == "IsolatedSandboxKind" else None
+        return Annotated[
+            Literal[sandbox_kinds(place="host", isolated=isolated)],  # type: ignore[misc]
+            typer.Option(help="sandbox backend", rich_help_panel=SANDBOX),
         ]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from clotho.cli import options as opt
 from clotho.cli.running import user_errors
-from clotho.sandbox.config import SandboxConfigBase, config_type, sandbox_kinds
+from clotho.sandbox.config import SandboxConfigBase, config_type
 
 app = typer.Typer(help="SWE instances: generate them from a repository.", no_args_is_help=True)
 console = Console()
@@ -28,10 +29,7 @@ def generate_command(
     n: Annotated[int, typer.Option(min=1, help="instances wanted")] = 10,
     seed: Annotated[int, typer.Option(help="which bugs are tried, in which order")] = 0,
     max_tries: Annotated[int | None, typer.Option(help="suite runs at most (default: 6 n)")] = None,
-    sandbox: Annotated[
-        Literal[sandbox_kinds(place="host", isolated=True)],  # registered when it is built
-        typer.Option(help="where the suite runs"),
-    ] = "local",
+    sandbox: opt.IsolatedSandboxKind = "local",
     repo_field: Annotated[
         str | None,
         typer.Option(help="what the records' `repo` says (default: the repository's path)"),
@@ -70,10 +68,7 @@ def build_examples_command(
 
 
 def swe_bench_command(
-    sandbox: Annotated[
-        Literal[sandbox_kinds(place="host", isolated=True)],  # registered when it is built
-        typer.Option(help="sandbox backend"),
-    ] = "local",
+    sandbox: opt.IsolatedSandboxKind = "local",
     instances: Annotated[
         Path | None, typer.Option(help="instance file (default: the bundled toy instances)")
     ] = None,
