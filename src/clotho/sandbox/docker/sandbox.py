@@ -69,6 +69,7 @@ from clotho.sandbox.docker.rootfs import host_digests
 from clotho.sandbox.docker.twin import (
     HOLD_CONTAINER,
     RELEASE_CONTAINER,
+    VFORK_WAITS,
     live_binds,
     parse_hold,
     remove_snapshot,
@@ -420,15 +421,21 @@ class DockerSandbox(ShellBackedSandbox):
         from aiodocker.exceptions import DockerError
 
         try:
-            top = await self.container.top(ps_args="-o pid,ppid,stat,comm")
+            top = await self.container.top(ps_args="-o pid,ppid,stat,wchan:64,comm")
         except DockerError as exc:
             raise SandboxError(f"cannot list the container's processes: {exc}") from exc
         titles = [t.upper() for t in top.get("Titles") or []]
-        stat, comm = titles.index("STAT"), titles.index("COMMAND")
+        pid, ppid, stat, wchan, comm = (
+            titles.index(t) for t in ("PID", "PPID", "STAT", "WCHAN", "COMMAND")
+        )
+        rows = top.get("Processes") or []
+        stopped_parents = {row[ppid] for row in rows if row[stat][:1] == "T"}
         left = []
-        for row in top.get("Processes") or []:
+        for row in rows:
             if row[stat][:1] in ("T", "Z", "X") or row[comm] in ("docker-init", "tini"):
                 continue
+            if row[stat][:1] == "D" and row[wchan] in VFORK_WAITS and row[pid] in stopped_parents:
+                continue  # inside vfork(), its child stopped before exec: it cannot run
             left.append(" ".join(row))
         return left
 

@@ -35,9 +35,26 @@ _COMMIT_TIMEOUT_S = 600.0
 # until none is left running (a fork racing the signal is caught by the next round); bash or
 # sh builtins only. Prints how many of the agent's it holds (stopped, not killed: they may
 # serve the tests): the main process's own children (the session shell) are not counted.
+# A process inside vfork() (state D in `kernel_clone`) whose child was stopped before it
+# exec'd cannot take the signal, nor run, until that child goes on: it is held too. (Seen
+# under load: a forking loop's `sh`; Python's subprocess uses vfork, so honest agents too.)
+VFORK_WAITS = ("kernel_clone", "wait_for_vfork_done", "_do_fork", "do_fork")
 HOLD_CONTAINER = (
     FIND_MAIN
     + r"""
+vfork_held() {
+  w=; read -r w < "$1/wchan" 2>/dev/null
+  case $w in """
+    + "|".join(VFORK_WAITS)
+    + r""") ;; *) return 1 ;; esac
+  kids=; read -r kids < "$1/task/${1#/proc/}/children" 2>/dev/null
+  for k in $kids; do
+    read -r kl < "/proc/$k/stat" 2>/dev/null || continue
+    set -- ${kl##*) }
+    case $1 in T|t) return 0 ;; esac
+  done
+  return 1
+}
 round=0; held=0; running=1
 while [ $round -lt 100 ] && [ $running -gt 0 ]; do
   kill -s STOP -- -1 2>/dev/null
@@ -47,10 +64,12 @@ while [ $round -lt 100 ] && [ $running -gt 0 ]; do
     case $p in 1|"$self"|"$main") continue ;; esac
     read -r line < "$d/stat" 2>/dev/null || continue
     set -- ${line##*) }
+    state=$1
+    if [ "$state" = D ] && vfork_held "$d"; then state=T; fi
     if [ -n "$main" ] && [ "$2" = "$main" ]; then  # the harness's session shell: stopped,
-      case $1 in T|t|Z|X) ;; *) running=$((running + 1)) ;; esac; continue  # not counted
+      case $state in T|t|Z|X) ;; *) running=$((running + 1)) ;; esac; continue  # not counted
     fi
-    case $1 in Z|X) ;; T|t) held=$((held + 1)) ;; *) running=$((running + 1)) ;; esac
+    case $state in Z|X) ;; T|t) held=$((held + 1)) ;; *) running=$((running + 1)) ;; esac
   done
   round=$((round + 1))
 done
