@@ -4,13 +4,14 @@ real bubblewrap sandboxes, real failures of the local backend, one results line 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import get_args
 
 import pytest
 from tests.conftest import TaskFactory, requires_bwrap
-from tests.support import wait_for_value
+from tests.support import wait_for_value, wait_until
 
 from clotho.errors import ErrorInfo, ErrorKind
 from clotho.rollout.run import RetryBudget
@@ -155,7 +156,19 @@ class _HealthProbe:
         monkeypatch.setattr(LocalBackend, "healthy", healthy)
 
 
-SLOW_SOLVE = "touch /app/started\nsleep 3\necho ok > /app/done.txt\n"
+# Says it started, then waits for /app/go: the kill always lands before it can finish.
+SLOW_SOLVE = (
+    "touch /app/started\nuntil [ -e /app/go ]; do sleep 0.05; done\necho ok > /app/done.txt\n"
+)
+
+
+def _release_all_but(state: Path, killed: str) -> None:
+    """Let every started solution but the killed sandbox's go on (the retry's)."""
+    for folder in state.iterdir():
+        app = folder / "app"
+        if folder.name != killed and (app / "started").is_file() and not (app / "go").exists():
+            with contextlib.suppress(OSError):  # removed meanwhile
+                (app / "go").touch()
 
 
 @requires_bwrap
@@ -188,8 +201,15 @@ async def test_a_sandbox_killed_while_its_backend_is_down_is_retried_and_passes(
         if event == "trial_retry":
             probe.down = False  # back up before the retry
 
-    metrics = await run_eval(config, out, listener=listen)
+    run = asyncio.create_task(run_eval(config, out, listener=listen))
     killed = await killer
+
+    def released_until_done() -> bool:
+        _release_all_but(state, killed)
+        return run.done()
+
+    assert await wait_until(released_until_done, timeout=300)
+    metrics = await run
     records = _lines(out)
     assert len(records) == 1, "one line for the attempt, the lost try superseded"
     (record,) = records

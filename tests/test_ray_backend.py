@@ -330,18 +330,20 @@ async def test_a_host_that_never_starts_does_not_hold_the_driver_closing(
 
 
 def _slow_task(root: Path, name: str) -> None:
-    """A task whose solution says it started, then takes 8 s: long enough to kill a node
-    under it."""
+    """A task whose solution says it started, then waits for /app/go: it cannot finish
+    before the test has killed a node under it, however slow the machine is."""
     task = root / name
     for sub in ("tests", "solution", "environment"):
         (task / sub).mkdir(parents=True)
     (task / "task.toml").write_text(
         'version = "1.0"\n[metadata]\ncategory = "ray"\n'
-        "[verifier]\ntimeout_sec = 30.0\n[agent]\ntimeout_sec = 60.0\n"
+        "[verifier]\ntimeout_sec = 30.0\n[agent]\ntimeout_sec = 600.0\n"
     )
     (task / "instruction.md").write_text("Write ok into /app/done.txt.")
     (task / "solution" / "solve.sh").write_text(
-        f"echo {name} > /app/started\nsleep 8\necho ok > /app/done.txt\n"
+        f"echo {name} > /app/started\n"
+        "until [ -e /app/go ]; do sleep 0.05; done\n"
+        "echo ok > /app/done.txt\n"
     )
     (task / "tests" / "test.sh").write_text(
         "mkdir -p /logs/verifier\n"
@@ -396,7 +398,19 @@ async def test_a_node_that_dies_mid_run_loses_its_rollouts_which_are_retried_on_
     node2 = _node_of(cluster, 2)  # the run's backend connected this process to Ray
     lost_task = _started(state)[node2]
     cluster.kill_node(2)
-    metrics = await asyncio.wait_for(run, 300)
+
+    def released_until_done() -> bool:
+        """Let every started solution off a surviving node finish, the retry's included."""
+        for folder in state.iterdir():
+            lease, app = folder / "lease.json", folder / "app"
+            with contextlib.suppress(OSError, ValueError):  # a folder still being made
+                node = json.loads(lease.read_text())["labels"]["clotho.ray-node"]
+                if node != node2 and (app / "started").is_file() and not (app / "go").exists():
+                    (app / "go").touch()
+        return run.done()
+
+    assert await wait_until(released_until_done, timeout=300)
+    metrics = await run
 
     records = [
         TrialRecord.model_validate_json(line)
@@ -434,6 +448,35 @@ async def test_a_node_that_dies_mid_run_loses_its_rollouts_which_are_retried_on_
     finally:
         await backend.aclose()
     assert left == []
+
+
+async def test_a_sandbox_the_agent_breaks_on_a_live_node_is_its_failure_not_retried(
+    cluster: LocalRayCluster, tmp_path: Path
+) -> None:
+    """The other side of a lost node: the solution kills its own session shell on a node
+    whose host actor still answers when asked after the failure. That is the agent's
+    failure, scored and run once; a retry would let a policy re-roll what it broke."""
+    tasks, state = tmp_path / "tasks", tmp_path / "state"
+    state.mkdir()
+    _slow_task(tasks, "breaks")
+    (tasks / "breaks" / "solution" / "solve.sh").write_text("kill -9 -1\nsleep 5\n")
+    config = EvalConfig(
+        paths=[str(tasks)],
+        agent="oracle",
+        concurrency=1,
+        retries=2,
+        prewarm=False,
+        sandbox=ray_config(cluster, state_dir=str(state)),
+    )
+    events: list[str] = []
+    out = tmp_path / "ray-breaks"
+    metrics = await run_eval(config, out, listener=lambda e, d: events.append(e))
+    (line,) = (out / "results.jsonl").read_text().splitlines()
+    record = TrialRecord.model_validate_json(line)
+    assert record.error is not None and record.error.kind == "agent", record.error
+    assert "backend is healthy" in record.error.message
+    assert record.lost_tries == [] and "trial_retry" not in events
+    assert (metrics.n_scored, metrics.n_passed) == (1, 0)
 
 
 def _clotho(*args: str, env: dict[str, str] | None = None) -> str:

@@ -532,10 +532,23 @@ class RayBackend(SandboxBackend[RaySandboxConfig]):
 
     async def healthy(self, sandbox: Sandbox | None = None) -> bool:
         """For a sandbox: whether its node is alive (a sandbox of a lost node broke because
-        of the harness). Without one: no node of this backend was lost in the last
+        of the harness), asked of its host actor after the failure rather than read from
+        what was last seen: a node going down can take the sandbox's shell a moment before
+        the actor. Without one: no node of this backend was lost in the last
         `LOSS_WINDOW_S`, and at least one node answers."""
         if isinstance(sandbox, RaySandbox):
-            return not sandbox.host.dead
+            host = sandbox.host
+            if host.dead:
+                return False
+            try:
+                await asyncio.wait_for(host.actor.ping.remote(), self.config.call_timeout_s)
+            except Exception as exc:
+                log.warning(
+                    "the sandbox host on Ray node %s does not answer: %s", host.node_id[:12], exc
+                )
+                self._mark_dead(host)
+                return False
+            return True
         if self._last_loss is not None and time.monotonic() - self._last_loss < LOSS_WINDOW_S:
             return False
         try:

@@ -4,8 +4,9 @@ machine can stand in for several (they share its cores).
 
 Each node's daemons share the process group of the `ray start` that launched them (started
 in a new session); Ray's workers (the actors) are children of the node's raylet in groups
-of their own. `kill_node` and `stop` end exactly these processes, by id, and `leftovers`
-says whether any survived: nothing else on the machine is touched.
+of their own. `kill_node` and `stop` end exactly these processes, by id (`kill_node` all at
+once, as a dying machine would), and `leftovers` says whether any survived: nothing else on
+the machine is touched.
 """
 
 from __future__ import annotations
@@ -141,11 +142,21 @@ class LocalRayCluster:
         return found
 
     def kill_node(self, index: int) -> None:
-        """SIGKILL every process of one node, as a machine that dies would lose them."""
-        pids = self.node_processes(index)
+        """End every process of one node at once, as a machine that dies loses them: all are
+        stopped first (listed again until no new one appears; a stopped process cannot fork),
+        then killed. Killed one by one, a host actor could see its sandbox's shell die and
+        report that before its own turn came: a death no real machine shows."""
+        stopped: set[int] = set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.groups[index], signal.SIGSTOP)
+        while fresh := self.node_processes(index) - stopped:
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            stopped |= fresh
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.groups[index], signal.SIGKILL)
-        for pid in pids:
+        for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
