@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.conftest import requires_bwrap
+from tests.conftest import TaskFactory, requires_bwrap
 from tests.docker_probe import requires_docker
 from tests.support import running, wait_until
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (make test installs it)")
 
+from clotho.agent.reference import OracleAgent  # noqa: E402
 from clotho.errors import ConfigError  # noqa: E402
 from clotho.runs.eval import run_eval  # noqa: E402
 from clotho.runs.records import EvalConfig, TrialRecord  # noqa: E402
@@ -34,12 +35,15 @@ from clotho.sandbox import (  # noqa: E402
     PoolConfig,
     SlotPool,
 )
+from clotho.sandbox.base import PathChange  # noqa: E402
 from clotho.sandbox.host.state import SANDBOX_UID_BASE, SANDBOX_UID_COUNT  # noqa: E402
 from clotho.sandbox.local.netguard import address_rule  # noqa: E402
 from clotho.sandbox.ray import HostLost, RayBackend, RaySandbox  # noqa: E402
 from clotho.sandbox.ray.channel import MAGIC  # noqa: E402
 from clotho.sandbox.ray.local_cluster import LocalRayCluster  # noqa: E402
 from clotho.sandbox.remote_config import RaySandboxConfig  # noqa: E402
+from clotho.tasks.harbor import load_task  # noqa: E402
+from clotho.tasks.trial import HarborTrial, run_trial  # noqa: E402
 
 pytestmark = requires_bwrap
 
@@ -477,6 +481,34 @@ async def test_a_sandbox_the_agent_breaks_on_a_live_node_is_its_failure_not_retr
     assert "backend is healthy" in record.error.message
     assert record.lost_tries == [] and "trial_retry" not in events
     assert (metrics.n_scored, metrics.n_passed) == (1, 0)
+
+
+async def test_the_runners_rules_judge_a_sandbox_on_a_node(
+    cluster: LocalRayCluster, make_task: TaskFactory, tmp_path: Path
+) -> None:
+    """The node's list of changes reaches the driver, so a sandbox on Ray is judged as on
+    its own backend: a right answer beside a `/conftest.py` (pytest's configuration above
+    /tests) is `tamper`, not a pass; the same answer alone passes."""
+    config = ray_config(cluster, state_dir=str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    async with SlotPool(labels={"clotho.run": "ray-rules"}) as pool:
+        box = await pool.acquire(config)
+        try:
+            await box.exec("echo hi > /app/new.txt")
+            await box.stop_agent()
+            changes = await box.changed_paths()
+        finally:
+            await pool.release(box)
+        assert changes is not None
+        assert PathChange("/app/new.txt", "added", False) in changes
+        outcomes = []
+        for name, extra in (("honest", ""), ("forger", "echo 'x = 1' > /conftest.py\n")):
+            task = load_task(make_task(name, solve_sh=f"echo ok > /app/done.txt\n{extra}"))
+            outcomes.append(await run_trial(HarborTrial(task), OracleAgent(), config, pool))
+    honest, forger = outcomes
+    assert honest.error is None and honest.passed, honest.error
+    assert forger.error is not None and forger.error.kind == "tamper", forger.error
+    assert "/conftest.py" in forger.error.message and not forger.passed
 
 
 def _clotho(*args: str, env: dict[str, str] | None = None) -> str:

@@ -267,6 +267,16 @@ class SandboxHost:
     async def digests(self, sid: str, paths: Sequence[str]) -> Reply:
         return await _reply(self._get(sid).digests(list(paths)))
 
+    async def changed_paths(self, sid: str) -> Reply:
+        """The node sandbox's own list of changes, as (path, kind, link) triples; None where
+        its backend cannot tell."""
+
+        async def work() -> list[tuple[str, str, bool | None]] | None:
+            found = await self._get(sid).changed_paths()
+            return None if found is None else [(c.path, c.kind, c.link) for c in found]
+
+        return await _reply(work())
+
     async def read_file(self, sid: str, path: str, max_bytes: int) -> Reply:
         return await _reply(self._get(sid).read_file(path, max_bytes=max_bytes))
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
-from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, Sandbox
+from clotho.sandbox.base import ExecOptions, ExecResult, FreshCall, PathChange, Sandbox
 from clotho.sandbox.ray.payload import pack, unpack
 
 if TYPE_CHECKING:
@@ -78,6 +78,14 @@ class RaySandbox(Sandbox):
     async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:
         result: dict[str, str | None] = await self._call("digests", list(paths))
         return result
+
+    async def changed_paths(self) -> list[PathChange] | None:
+        """The node's list, so the runner's rules judge a sandbox on Ray as on its own
+        backend (without it, only `.pth` files were searched for)."""
+        found = await self._call("changed_paths")
+        if found is None:
+            return None
+        return [PathChange(path, kind, link) for path, kind, link in found]
 
     async def read_file(self, path: str, *, max_bytes: int = 64 << 20) -> bytes:
         data: bytes = await self._call("read_file", path, max_bytes)
