@@ -321,6 +321,7 @@ async def test_a_large_body_is_parsed_in_a_child_while_others_are_served(rig: Ri
         assert _bytes_waiting_in_stdin(child) == 0  # it read all of the bodies before
         os.kill(child, signal.SIGSTOP)  # the child is busy parsing for as long as it likes
         try:
+            assert await wait_until(lambda: _state(child) == b"T")  # the stop took effect
             posting = asyncio.create_task(http.post("/scored_data", content=body))
             # The body went to the child, which cannot read it: the request waits on it.
             assert await wait_until(lambda: _bytes_waiting_in_stdin(child) > 0)
@@ -360,6 +361,12 @@ def _gone(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 :].split()[0] in (b"Z", b"X")
 
 
+def _state(pid: int) -> bytes:
+    """The process's state letter in /proc (`T`: stopped by a signal)."""
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return stat[stat.rfind(b")") + 2 :].split()[0]
+
+
 def _bytes_waiting_in_stdin(pid: int) -> int:
     """Bytes written to the process's stdin pipe that it has not read yet."""
     fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
@@ -379,6 +386,9 @@ async def test_a_parser_child_that_dies_with_a_body_is_a_503_and_replaced(rig: R
         child = server.parser.pid
         assert child is not None
         os.kill(child, signal.SIGSTOP)  # the next body waits, whole, in the child's stdin
+        # ...once the stop has taken effect: a child not yet scheduled to take the signal
+        # (a busy machine) would first read what arrived, and that would not wait whole.
+        assert await wait_until(lambda: _state(child) == b"T")
         posting = asyncio.create_task(http.post("/scored_data", content=body))
         try:
             assert await wait_until(lambda: _bytes_waiting_in_stdin(child) > len(body))
