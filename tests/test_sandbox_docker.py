@@ -294,8 +294,11 @@ async def test_close_removes_the_container_without_a_grace_period(docker: Any) -
         assert event is not None, seen
         seen.append((event["Action"], event["Actor"]["Attributes"].get("signal", "")))
     await docker.events.stop()
-    # The first signal the container got was SIGKILL: no SIGTERM and grace period before it.
-    assert [sig for action, sig in seen if action == "kill"][:1] == ["9"], seen
+    # No SIGTERM and grace period: the first signal the container got, if any, was SIGKILL.
+    # (Its shell, which ends at the end of its input, may have ended the container first:
+    # then the removal found nothing to kill.)
+    kills = [sig for action, sig in seen if action == "kill"]
+    assert kills[:1] in ([], ["9"]) and "15" not in kills, seen
     assert "stop" not in [action for action, _ in seen], seen
     with pytest.raises(DockerError) as info:
         await inspect(docker, sb)

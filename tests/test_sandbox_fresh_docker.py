@@ -21,6 +21,7 @@ from tests.support import PATIENCE_S, wait_until
 from clotho.errors import SandboxError
 from clotho.sandbox import open_sandbox
 from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.docker import freeze
 from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.docker.slot_sandbox import IsolatedSlotSandbox, SlotSandbox
 from clotho.sandbox.docker.slots import SlotHost
@@ -100,7 +101,23 @@ async def test_fresh_stdin_output_cap_and_timeout(docker_sandbox: DockerSandbox)
 # --- stop_agent --------------------------------------------------------------------------
 
 
-async def test_stop_agent_stops_a_background_loop_for_good(docker_sandbox: DockerSandbox) -> None:
+@pytest.fixture(params=["local", "remote"])
+def daemon(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`remote`: a stand-in (a test double) for a daemon on another host, whose processes
+    are not this host's to freeze or signal: `freeze.local_pid` answers None, so the
+    sandbox stops and holds with its scripts run in the container."""
+    if request.param == "remote":
+
+        async def not_local(container: Any) -> None:
+            return None
+
+        monkeypatch.setattr(freeze, "local_pid", not_local)
+    return str(request.param)
+
+
+async def test_stop_agent_stops_a_background_loop_for_good(
+    docker_sandbox: DockerSandbox, daemon: str
+) -> None:
     await docker_sandbox.exec(LOOP.format(path="/tmp/beat", tag="loop"))
     await docker_sandbox.exec("(setsid sh -c 'sleep 1000 & exec sleep 1001' &) >/dev/null 2>&1")
 
@@ -144,6 +161,33 @@ async def test_stop_agent_without_docker_init() -> None:
         alive = [row for row in rows if row[1][:1] not in "TZ" and "ps -eo" not in row[2]]
         assert alive == [], ps  # the loop too
         assert await read("/tmp/beat") == await read("/tmp/beat")
+
+
+async def test_hold_agent_freezes_until_released(
+    docker_sandbox: DockerSandbox, daemon: str
+) -> None:
+    """Held, a loop the agent left writes nothing (its file, read from the host, stays the
+    same) until `release_agent`; then it runs again, and `stop_agent` ends it."""
+    await docker_sandbox.exec(LOOP.format(path="/tmp/beat", tag="loop"))
+
+    async def fresh(path: str) -> str:
+        return (await docker_sandbox.exec_fresh(f"cat {path}", timeout=PATIENCE_S)).stdout
+
+    async def digest(path: str) -> str:
+        return str((await docker_sandbox.digests([path]))[path])
+
+    assert await changing(fresh, "/tmp/beat")  # it runs
+    assert (await docker_sandbox.hold_agent() or 0) >= 1  # the loop (and its sleep)
+    held = await digest("/tmp/beat")
+    if daemon == "local":  # the daemon's pause: the cgroup freezer holds every process
+        assert (await docker_sandbox.container.show())["State"]["Paused"] is True
+    else:  # stopped from inside: nothing left that could run
+        assert await docker_sandbox._running_processes() == []
+    assert await digest("/tmp/beat") == held
+    await docker_sandbox.release_agent()
+    assert await changing(digest, "/tmp/beat")  # it runs again
+    await docker_sandbox.stop_agent()
+    assert await digest("/tmp/beat") == await digest("/tmp/beat")
 
 
 @pytest.mark.parametrize("isolation", ["none", "bwrap"])

@@ -449,3 +449,116 @@ async def test_bytecode_the_agent_left_is_compiled_again(make_task) -> None:
     assert outcome.reward == 0.0
     honest = await _trial(task, Scripted("echo 42 > /app/answer.txt"))
     assert honest.error is None and honest.reward == 1.0, honest.error
+
+
+# --- nothing of the agent's runs for the harness ----------------------------------------
+
+ANSWER_TEST_SH = """\
+mkdir -p /logs/verifier
+got=$(cat /app/answer.txt)
+echo "got $got"
+if [ "$got" = 42 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+# A `bash` (and `sh`) first on PATH that, run by the harness, turns the wrong answer into the
+# right one, removes itself and hands over to the real program: run before the check, the
+# check would find nothing changed but the answer.
+PLANTED_SHELLS = (
+    "printf '#!/bin/sh\\necho 42 > /app/answer.txt\\n"
+    'rm -f /usr/local/sbin/bash /usr/local/sbin/sh\\nexec /bin/$(basename "$0") "$@"\\n\' '
+    "> /usr/local/sbin/bash && chmod +x /usr/local/sbin/bash && "
+    "cp /usr/local/sbin/bash /usr/local/sbin/sh"
+)
+
+
+@pytest.mark.parametrize("service", [False, True], ids=["stopped", "held"])
+async def test_a_shell_planted_first_on_path_never_runs_for_the_harness(
+    make_task, service: bool
+) -> None:
+    """The agent's processes are stopped (or held) from the host, so the planted `bash` is
+    still there when the programs are checked: tamper, never a forged 1."""
+    task = _task(make_task, f"planted-{'held' if service else 'stopped'}", ANSWER_TEST_SH)
+    commands = ["echo 41 > /app/answer.txt", *([SERVE] if service else []), PLANTED_SHELLS]
+    outcome = await _trial(task, Scripted(*commands))
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome
+    assert "/usr/local/sbin/bash" in outcome.error.message, outcome.error.message
+    assert outcome.reward is None and not outcome.passed
+
+
+# A process that a timer keeps continuing (SIGCONT every 20 ms, a POSIX timer of its own).
+# Once it sees its child stopped by someone else (a hold by SIGSTOP), each time it is
+# continued it writes the right answer, then stops itself again so as to look held.
+ACCOMPLICE = """\
+import ctypes, os, signal, time
+child = os.fork()
+if child == 0:
+    while True:
+        time.sleep(1)
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+class Event(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                ("pad", ctypes.c_int * 12)]
+class Spec(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_long) for n in ("i_s", "i_ns", "v_s", "v_ns")]
+held = []
+def woken(*_):
+    try:
+        pid, status = os.waitpid(child, os.WUNTRACED | os.WNOHANG)
+    except ChildProcessError:
+        return
+    if pid and os.WIFSTOPPED(status):
+        held.append(1)
+    if held:
+        with open("/app/answer.txt", "w") as f:
+            f.write("42\\n")
+        os.kill(os.getpid(), signal.SIGSTOP)
+signal.signal(signal.SIGCONT, woken)
+timer = ctypes.c_void_p()
+assert libc.timer_create(1, ctypes.byref(Event(None, signal.SIGCONT, 0)), ctypes.byref(timer)) == 0
+assert libc.timer_settime(timer, 0, ctypes.byref(Spec(0, 20_000_000, 0, 20_000_000)), None) == 0
+open("/tmp/armed", "w").close()
+while True:
+    time.sleep(1)
+"""
+START_ACCOMPLICE = (
+    f"cat > /tmp/accomplice.py <<'EOF'\n{ACCOMPLICE}EOF\n"
+    "setsid python3 /tmp/accomplice.py >/dev/null 2>&1 </dev/null & "
+    "for i in $(seq 600); do [ -e /tmp/armed ] && break; sleep 0.05; done; [ -e /tmp/armed ]"
+)
+
+
+async def test_a_held_process_that_a_timer_continues_changes_nothing_the_tests_see(
+    make_task,
+) -> None:
+    """Held, the agent's container is frozen by the daemon (a timer's SIGCONT does nothing
+    to a frozen process) until the twin, from its snapshot, runs the tests: the answer the
+    tests read is the one the agent left."""
+    task = _task(make_task, "timer", ANSWER_TEST_SH)
+    outcome = await _trial(task, Scripted("echo 41 > /app/answer.txt", START_ACCOMPLICE))
+    assert outcome.error is None, outcome.error
+    assert outcome.verifier is not None
+    assert "got 41" in outcome.verifier.output, outcome.verifier.output
+    assert outcome.reward == 0.0
+
+
+ENTRYPOINT_DOCKERFILE = (
+    DOCKERFILE + 'COPY entry.sh /entry.sh\nRUN chmod +x /entry.sh\nENTRYPOINT ["/entry.sh"]\n'
+)
+# The image's entrypoint, rewritten by the agent to write the right answer and stay running.
+FORGED_ENTRYPOINT = (
+    "printf '#!/bin/sh\\nwhile true; do echo 42 > /app/answer.txt; sleep 0.05; done\\n' > /entry.sh"
+)
+
+
+async def test_the_twin_runs_none_of_the_snapshots_entrypoint(make_task) -> None:
+    """The verification twin's first process is the harness's checked shell, not the
+    entrypoint of the snapshot (a file the agent could edit): the forged one never runs."""
+    task = _task(make_task, "entry", ANSWER_TEST_SH)
+    environment = task / "environment"
+    (environment / "Dockerfile").write_text(ENTRYPOINT_DOCKERFILE)
+    (environment / "entry.sh").write_text('#!/bin/sh\nexec "$@"\n')
+    agent = Scripted("echo 41 > /app/answer.txt", SERVE, FORGED_ENTRYPOINT)
+    outcome = await _trial(task, agent)
+    assert outcome.error is None, outcome.error
+    assert outcome.verifier is not None
+    assert "got 41" in outcome.verifier.output, outcome.verifier.output
+    assert outcome.reward == 0.0

@@ -30,8 +30,9 @@ from clotho.sandbox.config import DEFAULT_PATH
 from clotho.tasks.harbor import Task
 from clotho.verify.integrity import (
     ProgramDigests,
+    check_changes,
     check_links,
-    check_runner,
+    check_programs,
     fresh_exec,
     named_commands,
     named_paths,
@@ -51,6 +52,7 @@ BASE_PROGRAMS = (
     "rm", "tar", "find", "echo", "printf", "sort", "wc", "tr", "git", "sqlite3",
     "chmod", "stat",  # the verifier's own folder preparation and reward inspection run them
     "readlink",  # the check of where the agent's links land (`check_links`)
+    "sleep",  # a verification twin's first process, in an image without a shell
     "ldconfig",  # rebuilds the loader's cache before the tests
     "pip", "pip3", "curl", "apt-get", "apt", "dpkg",  # what test scripts install with
     *(f"python3.{m}" for m in range(8, 15)),  # `uvx -p 3.13` finds its interpreter on PATH
@@ -220,9 +222,10 @@ async def run_verifier(
     """The task's verdict on what the agent left in `sandbox` (see the module docstring)."""
     timeout_s = timeout_s or task.config.verifier.timeout_sec
     if await sandbox.hold_agent():  # the agent left processes: they keep serving
-        changes = await check_runner(sandbox, baseline)
+        changes = await check_programs(sandbox, baseline)  # held: nothing runs in it
         twin = await sandbox.verification_twin()
         try:
+            await check_changes(twin, baseline, changes)  # the twin's files are the snapshot's
             return await _judge(task, twin, baseline, changes, timeout_s, sandbox.release_agent)
         finally:
             try:

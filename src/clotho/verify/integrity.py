@@ -200,27 +200,51 @@ async def check_runner(
     baseline's, and nothing the runner relies on may have changed (`runner_rules`), judged on
     the backend's list of changes (or, where it has none, a search of the site folders for
     `.pth` files with code). Returns that list for the other checks."""
+    changes = await check_programs(sandbox, baseline)
+    await check_changes(sandbox, baseline, changes)
+    return changes
+
+
+async def check_programs(
+    sandbox: Sandbox, baseline: ProgramDigests | None
+) -> list[PathChange] | None:
+    """The part of `check_runner` that runs nothing in the sandbox (its digests and list of
+    changes are read from outside), so a held sandbox can stay frozen: a replaced or shadowed
+    program, or a change the list alone condemns, is a `TamperError`. Returns the list."""
     changes = await sandbox.changed_paths()
     if baseline is None:
         return changes
     found = baseline.changes(await sandbox.digests(baseline.paths))
-    if not found:  # the programs are the baseline's: what find and grep say can be trusted
-        if changes is None:
-            script = _CHANGED_HOOKS.format(
-                dirs=" ".join(_SITE_DIRS), since=int(baseline.taken_at) - 1
-            )
-            hooks = await fresh_exec(sandbox, script, "look for changed Python start-up hooks")
-            found = [f"{path} (a .pth with import lines) changed" for path in hooks.splitlines()]
-        else:
-            review = runner_rules.review(changes, sandbox.workdir)
-            found = review.tampered or await runner_rules.inspect(sandbox, review, _fresh_in)
+    if not found and changes is not None:
+        found = runner_rules.review(changes, sandbox.workdir).tampered
+    _refuse(found)
+    return changes
+
+
+async def check_changes(
+    world: Sandbox, baseline: ProgramDigests | None, changes: list[PathChange] | None
+) -> None:
+    """The rest of `check_runner`, once `check_programs` passed: what only the files' content
+    decides, read by fresh processes of `world` (the sandbox itself, or its verification
+    twin, whose file system is the snapshot of exactly what was checked)."""
+    if baseline is None:
+        return
+    if changes is None:  # the programs are the baseline's: what find and grep say can be trusted
+        script = _CHANGED_HOOKS.format(dirs=" ".join(_SITE_DIRS), since=int(baseline.taken_at) - 1)
+        hooks = await fresh_exec(world, script, "look for changed Python start-up hooks")
+        _refuse([f"{path} (a .pth with import lines) changed" for path in hooks.splitlines()])
+    else:
+        review = runner_rules.review(changes, world.workdir)
+        _refuse(await runner_rules.inspect(world, review, _fresh_in))
+
+
+def _refuse(found: list[str]) -> None:
     if found:
         raise TamperError(
             "what the tests' runner relies on was changed during the agent's run ("
             + "; ".join(found[:10])
             + "); the tests were not run"
         )
-    return changes
 
 
 async def _fresh_in(sandbox: Sandbox, cmd: str, what: str, stdin: bytes) -> str:

@@ -71,8 +71,8 @@ def container_body(
     binds: list[str] | None = None,
 ) -> dict[str, Any]:
     """The create request; `network_of`: share that container's network namespace (a
-    verification twin reaching the agent's services), nothing else of it; `binds`: host
-    folders to mount."""
+    verification twin reaching the agent's services), nothing else of it, and run none of the
+    image's entrypoint; `binds`: host folders to mount."""
     network = "host" if config.network and config.host_network else "none"
     host: dict[str, Any] = {
         # The host's network only when accepted by name (a config copied without validation
@@ -92,13 +92,16 @@ def container_body(
     host["Memory"] = host["MemorySwap"] = memory  # no swap: past the limit is an OOM kill
     if config.pids_limit:
         host["PidsLimit"] = config.pids_limit
-    return {
+    body: dict[str, Any] = {
         "Image": config.image,
         "Cmd": ["sleep", "infinity"],
         "WorkingDir": config.workdir,
         "Labels": {LABEL: "1", **lease_labels(lease_s), **labels},
         "HostConfig": host,
     }
+    if network_of:  # a twin runs no entrypoint: the snapshot's is a program the agent could edit
+        body["Entrypoint"] = [""]
+    return body
 
 
 def container_limits(container: Any, config: DockerSandboxConfig) -> LimitWatch:

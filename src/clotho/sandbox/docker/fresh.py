@@ -239,6 +239,7 @@ if [ "$c1" = docker-init ] || [ "$c1" = tini ]; then
   done
 fi"""
 
+# A remote daemon's way (a local one stops from the host: `freeze.py`).
 # Stop every process of a whole container for good, run as root by a fresh exec (bash
 # or sh builtins only, no forks). `kill -STOP -1` freezes every process but pid 1 and the caller,
 # atomically as far as fork is concerned; then everything is killed except docker-init

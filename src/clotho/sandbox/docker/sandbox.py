@@ -17,14 +17,12 @@ Closing kills the container (SIGKILL, no stop grace period) and removes it. A sl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import os
 import posixpath
 import secrets
 import shlex
 import shutil
-import signal
 import stat
 import tarfile
 import tempfile
@@ -48,6 +46,7 @@ from clotho.sandbox.config import (
     DockerSandboxConfig,
     base_env,
 )
+from clotho.sandbox.docker import freeze
 from clotho.sandbox.docker.archive import download_tree, path_digest, put_archive, read_regular
 from clotho.sandbox.docker.channel import DockerExecChannel
 from clotho.sandbox.docker.containers import (
@@ -140,6 +139,7 @@ class DockerSandbox(ShellBackedSandbox):
     _limit_who: str | None = None  # a slot's name: a neighbour's disk failure is not its own
     _snapshot: str | None = None  # a verification twin's image, removed with it
     _script_shell = "bash"  # what runs `_container_script`: sh in an image without bash
+    _held = False  # frozen by `hold_agent` (the daemon's pause) until `release_agent`
 
     def __init__(
         self,
@@ -199,7 +199,7 @@ class DockerSandbox(ShellBackedSandbox):
                     f"{io_dir}:{FIFO_MOUNT}:ro",
                 ]
                 shell = None
-                if not (await images.get(config.image)).entrypoint:
+                if network_of or not (await images.get(config.image)).entrypoint:
                     container, shell = await cls._main_shell(docker, body, config, io_dir)
                 if shell is not None:
                     sandbox = cls(config, docker, container, shell, labels)
@@ -336,18 +336,46 @@ class DockerSandbox(ShellBackedSandbox):
             self._script_shell = "sh"  # an image without bash
 
     async def stop_agent(self) -> None:
-        """Freeze and kill every process but docker-init and the container's main process,
-        which stays stopped (see `fresh.STOP_CONTAINER`); then check from outside, with the
-        daemon's process list (nothing run in the container), that nothing else is left."""
+        """Kill every process but docker-init and the container's main process, which stays
+        stopped: from the host while the container is frozen on a local daemon
+        (`freeze.py`: no program of the container runs), else by `fresh.STOP_CONTAINER` run
+        in it; then check from outside, with the daemon's process list, that nothing else
+        is left."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
         self.limits.raise_if_hit()  # a container killed past its disk quota: that is why
         self._stopped = True
+        first = await freeze.local_pid(self.container)
+        if first is None:
+            return await self._stop_by_script()
+        left: list[str] = []
+        for _ in range(5):
+            await freeze.freeze(self.container)
+            try:
+                processes = await freeze.frozen_processes(self.container)
+                main = freeze.main_process(processes, first, self.config.init)
+                await asyncio.to_thread(freeze.kill_frozen, processes, first, main)
+            finally:
+                await freeze.thaw(self.container)
+                self._held = False
+            if not (left := await self._settled()):
+                return
+        raise TamperError(f"processes kept running after the agent was stopped: {left!r}")
+
+    async def _settled(self) -> list[str]:
+        """What still runs once the killed processes had time to end (a loaded host)."""
+        left: list[str] = []
+        for attempt in range(40):
+            if not (left := await self._running_processes()):
+                return []
+            await asyncio.sleep(min(0.02 * (attempt + 1), 0.5))
+        return left
+
+    async def _stop_by_script(self) -> None:
+        """A remote daemon's container: stopped by a script run as root in it."""
         left: list[str] = []
         for _ in range(5):
             result = await self._container_script(STOP_CONTAINER)
-            if not self.config.init:
-                await self._stop_init()
             if result.exit_code == 0 and not (left := await self._running_processes()):
                 return
         raise TamperError(
@@ -358,15 +386,30 @@ class DockerSandbox(ShellBackedSandbox):
         )
 
     async def hold_agent(self) -> int | None:
-        """Freeze (SIGSTOP, not kill) every process the agent left, checked from outside
-        like `stop_agent`; their number. None where they cannot be kept for the tests: a
-        slot (its container is its neighbours' too) or a container without docker-init."""
+        """Freeze every process the agent left without ending them; their number. On a local
+        daemon the container stays frozen (the daemon's pause: nothing in it runs, whatever
+        signal it is sent) while its digests and changes are read and its snapshot taken,
+        until `release_agent`; elsewhere a SIGSTOP from inside, checked from outside. None
+        where they cannot be kept for the tests: a slot (its container is its neighbours'
+        too) or a container without docker-init."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
         if self.id != self.id_of_container or not self.config.init:
             return None
         self.limits.raise_if_hit()
         self._stopped = True
+        first = await freeze.local_pid(self.container)
+        if first is None:
+            return await self._hold_by_script()
+        await freeze.freeze(self.container)
+        self._held = True
+        processes = await freeze.frozen_processes(self.container)
+        return freeze.agent_count(
+            processes, first, freeze.main_process(processes, first, self.config.init)
+        )
+
+    async def _hold_by_script(self) -> int:
+        """A remote daemon's container: SIGSTOP from inside, until none runs."""
         left: list[str] = []
         for attempt in range(40):  # a stopped process shows `T` once it is scheduled again
             result = await self._container_script(HOLD_CONTAINER)
@@ -381,6 +424,10 @@ class DockerSandbox(ShellBackedSandbox):
         """Continue what `hold_agent` froze: the agent's services serve the twin's tests."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
+        if self._held:
+            await freeze.thaw(self.container)
+            self._held = False
+            return
         await fresh_exec(
             self.container, ["sh", "-c", RELEASE_CONTAINER],
             env=self.fresh_env(None), timeout=60.0, cwd="/",
@@ -405,15 +452,6 @@ class DockerSandbox(ShellBackedSandbox):
             raise
         twin._snapshot = image
         return twin
-
-    async def _stop_init(self) -> None:
-        """Without docker-init the shell is the container's pid 1, which no signal from
-        inside can stop: SIGSTOP it from the host (a local daemon)."""
-        info = await self.container.show()
-        pid = int((info.get("State") or {}).get("Pid") or 0)
-        if pid > 0 and in_container(pid, self.id_of_container):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGSTOP)
 
     async def _running_processes(self) -> list[str]:
         """What the daemon lists in the container (host `ps`) besides docker-init and

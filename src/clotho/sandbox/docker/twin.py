@@ -4,10 +4,11 @@ Terminal-Bench tasks may ask the agent to leave a server running (nginx on 8080,
 store in the background); their tests talk to it. Stopping the agent's processes before the
 tests fails those tasks; testing beside live processes of the agent lets them rewrite the
 runner, the tests or the reward while the tests run. So when the agent left processes,
-verification runs in a *twin*: the agent's container is frozen (`HOLD_CONTAINER`) and
-committed to an image (a snapshot of exactly what was checked), and the tests run in a new
-container from that image that shares only the agent's network namespace. The agent's
-processes are then continued and serve over the shared loopback, but they cannot see, write
+verification runs in a *twin*: the agent's container is frozen (the daemon's pause,
+`freeze.py`; `HOLD_CONTAINER` on a remote daemon) and committed to an image (a snapshot of
+exactly what was checked), and the tests run in a new container from that image that shares
+only the agent's network namespace and runs none of its entrypoint. The agent's processes
+are then thawed and serve over the shared loopback, but they cannot see, write
 or signal anything of the twin: its file system is the snapshot plus the harness's /tests
 and reward folder, its processes live in another pid namespace, its IPC is its own. One
 folder is the agent's, live (`LIVE_FOLDERS`): /var/log, where services write what tests read
@@ -30,7 +31,8 @@ from clotho.sandbox.docker.fresh import FIND_MAIN
 SNAPSHOT_REPO = "clotho-snapshot"
 _COMMIT_TIMEOUT_S = 600.0
 
-# Freeze every process of the container but pid 1 (docker-init), the container's main process
+# A remote daemon's hold (a local one pauses the container, `freeze.py`). Freeze every
+# process of the container but pid 1 (docker-init), the container's main process
 # (`FIND_MAIN`: the harness's shell) and the caller, with `kill -STOP -1` in rounds
 # until none is left running (a fork racing the signal is caught by the next round); bash or
 # sh builtins only. Prints how many of the agent's it holds (stopped, not killed: they may
