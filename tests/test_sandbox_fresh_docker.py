@@ -20,7 +20,7 @@ from tests.support import PATIENCE_S, wait_until
 
 from clotho.errors import SandboxError
 from clotho.sandbox import open_sandbox
-from clotho.sandbox.config import DockerSandboxConfig
+from clotho.sandbox.config import DEFAULT_PATH, DockerSandboxConfig
 from clotho.sandbox.docker import freeze
 from clotho.sandbox.docker.sandbox import DockerSandbox
 from clotho.sandbox.docker.slot_sandbox import IsolatedSlotSandbox, SlotSandbox
@@ -188,6 +188,46 @@ async def test_hold_agent_freezes_until_released(
     assert await changing(digest, "/tmp/beat")  # it runs again
     await docker_sandbox.stop_agent()
     assert await digest("/tmp/beat") == await digest("/tmp/beat")
+
+
+async def test_the_twin_runs_nothing_of_the_images_own() -> None:
+    """A twin runs no entrypoint and no health check of its snapshot (files the agent could
+    edit), and finds its first program on the harness's PATH, not the image's."""
+    image = f"clotho-test/healthcheck:{secrets.token_hex(4)}"
+    dockerfile = (
+        "FROM clotho/base:bookworm\nENV PATH=/opt/agent/bin:$PATH\n"
+        "RUN printf '#!/bin/sh\\nexec \"$@\"\\n' > /entry.sh && chmod +x /entry.sh\n"
+        'ENTRYPOINT ["/entry.sh"]\nHEALTHCHECK --interval=1s CMD /app/health.sh\n'
+    )
+    built = await asyncio.create_subprocess_exec(
+        "docker", "build", "-q", "-t", image, "-", stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    output, _ = await built.communicate(dockerfile.encode())
+    assert built.returncode == 0, output.decode()
+    try:
+        async with await open_sandbox(DockerSandboxConfig(image=image)) as sb:
+            assert isinstance(sb, DockerSandbox)
+            own = (await sb.container.show())["Config"]
+            assert own["Healthcheck"]["Test"][-1] == "/app/health.sh"  # the image's, kept
+            assert await sb.hold_agent() is not None
+            twin = await sb.verification_twin()
+            try:
+                config = (await twin.container.show())["Config"]
+                assert config["Healthcheck"]["Test"] == ["NONE"], config
+                assert not config.get("Entrypoint"), config
+                path = [e for e in config["Env"] if e.startswith("PATH=")]
+                assert path == [f"PATH={DEFAULT_PATH}"], config["Env"]
+                ps = (await twin.exec_fresh("ps -eo args=", timeout=PATIENCE_S)).stdout
+                assert "/entry.sh" not in ps, ps
+            finally:
+                await twin.close()
+                await sb.release_agent()
+    finally:
+        removed = await asyncio.create_subprocess_exec(
+            "docker", "rmi", "-f", image, stdout=asyncio.subprocess.DEVNULL
+        )
+        await removed.wait()
 
 
 @pytest.mark.parametrize("isolation", ["none", "bwrap"])

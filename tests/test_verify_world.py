@@ -562,3 +562,93 @@ async def test_the_twin_runs_none_of_the_snapshots_entrypoint(make_task) -> None
     assert outcome.verifier is not None
     assert "got 41" in outcome.verifier.output, outcome.verifier.output
     assert outcome.reward == 0.0
+
+
+# A program of the agent's as the container's pid 1: docker-init, which no stop may end (the
+# container would), made by ptrace (same uid: no capability needed) to exec the impostor. A
+# timer continues it whenever it is stopped, and it turns a reward of 0 into 1 as soon as
+# one is written.
+IMPOSTOR = """\
+import ctypes, signal, time
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+class Event(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                ("pad", ctypes.c_int * 12)]
+class Spec(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_long) for n in ("i_s", "i_ns", "v_s", "v_ns")]
+signal.signal(signal.SIGCONT, lambda *_: None)
+libc.prctl(15, b"docker-init", 0, 0, 0)  # PR_SET_NAME: named as the pid 1 it replaced
+timer = ctypes.c_void_p()
+assert libc.timer_create(1, ctypes.byref(Event(None, signal.SIGCONT, 0)), ctypes.byref(timer)) == 0
+assert libc.timer_settime(timer, 0, ctypes.byref(Spec(0, 20_000_000, 0, 20_000_000)), None) == 0
+open("/tmp/impostor-runs", "w").close()
+while True:
+    try:
+        with open("/logs/verifier/reward.txt") as f:
+            if f.read().strip() == "0":
+                with open("/logs/verifier/reward.txt", "w") as g:
+                    g.write("1\\n")
+    except OSError:
+        pass
+    time.sleep(0.005)
+"""
+# Attach to pid 1, write execve's arguments below its stack, make its next instruction a
+# syscall (execve), detach (x86-64).
+INJECT = """\
+import ctypes, os, struct
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+libc.ptrace.restype = ctypes.c_long
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+NAMES = ("r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags "
+         "rsp ss fs_base gs_base ds es fs gs").split()
+class Regs(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_ulonglong) for n in NAMES]
+assert libc.ptrace(16, 1, None, None) == 0, ctypes.get_errno()  # PTRACE_ATTACH
+os.waitpid(1, 0)
+regs = Regs()
+assert libc.ptrace(12, 1, None, ctypes.byref(regs)) == 0  # GETREGS
+base = (regs.rsp - 8192) & ~0xF
+path, arg = b"/usr/bin/python3\\0", b"/tmp/impostor.py\\0"
+data = (path + arg).ljust(256, b"\\0") + struct.pack("<QQQ", base, base + len(path), 0)
+for off in range(0, len(data), 8):
+    word = int.from_bytes(data[off : off + 8], "little")
+    libc.ptrace(4, 1, ctypes.c_void_p(base + off), ctypes.c_void_p(word))  # POKEDATA
+code = libc.ptrace(1, 1, ctypes.c_void_p(regs.rip), None) & 0xFFFFFFFFFFFFFFFF  # PEEKTEXT
+libc.ptrace(4, 1, ctypes.c_void_p(regs.rip), ctypes.c_void_p((code & ~0xFFFF) | 0x050F))
+regs.rax, regs.rdi, regs.rsi, regs.rdx = 59, base, base + 256, 0
+regs.orig_rax = 2**64 - 1  # no restart of the call it was in
+assert libc.ptrace(13, 1, None, ctypes.byref(regs)) == 0  # SETREGS
+assert libc.ptrace(17, 1, None, None) == 0  # DETACH
+"""
+BECOME_PID_1 = (
+    f"cat > /tmp/impostor.py <<'EOF'\n{IMPOSTOR}EOF\n"
+    f"cat > /tmp/inject.py <<'EOF'\n{INJECT}EOF\n"
+    "python3 /tmp/inject.py && "
+    "for i in $(seq 600); do [ -e /tmp/impostor-runs ] && break; sleep 0.05; done; "
+    "[ -e /tmp/impostor-runs ]"
+)
+
+
+async def test_an_impostor_as_pid_1_is_nowhere_near_the_tests(make_task) -> None:
+    """Pid 1 (and the container's main process) outlive any stop, and a stopped process can
+    be continued by its own timer: the tests run in the twin, whose pid 1 is its own."""
+    task = _task(make_task, "impostor", ANSWER_TEST_SH)
+    outcome = await _trial(task, Scripted("echo 41 > /app/answer.txt", BECOME_PID_1))
+    assert outcome.error is None, outcome.error
+    assert outcome.verifier is not None
+    assert "got 41" in outcome.verifier.output, outcome.verifier.output
+    assert outcome.reward == 0.0
+
+
+async def test_a_shell_planted_on_the_harnesss_path_is_tamper_when_the_tests_path_is_narrower(
+    make_task,
+) -> None:
+    """The tests' PATH leaves /usr/local/sbin out; the harness's own commands (and the twin's
+    first process) are found on its default PATH, which has it: its programs are checked
+    too, so the planted shell is tamper, never run."""
+    task = _task(make_task, "planted-narrow", ANSWER_TEST_SH)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text() + '[verifier.env]\nPATH = "/usr/bin:/bin"\n')
+    outcome = await _trial(task, Scripted("echo 41 > /app/answer.txt", PLANTED_SHELLS))
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome
+    assert "/usr/local/sbin/bash" in outcome.error.message, outcome.error.message

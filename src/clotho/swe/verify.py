@@ -34,7 +34,14 @@ from clotho.swe.log_parsers import OUTCOME, get_parser
 from clotho.swe.repos import patch_files
 from clotho.swe.runner import TestCase, outcomes, parse_junit, runner_files
 from clotho.swe.specs import ResolvedSpec, registry
-from clotho.verify.integrity import ProgramDigests, check_links, fresh_exec, stop_and_check
+from clotho.verify.integrity import (
+    ProgramDigests,
+    VerifyWorld,
+    check_links,
+    fresh_exec,
+    harness_dirs,
+    verification_world,
+)
 
 WORK = "/tmp/clotho-swe"
 JUNIT_MAX_BYTES = 32 << 20
@@ -73,7 +80,12 @@ def _path_dirs() -> list[str]:
 
 async def program_baseline(sandbox: Sandbox) -> ProgramDigests:
     """Taken before the agent starts, from outside the sandbox."""
-    baseline = ProgramDigests(path_dirs=_path_dirs(), names=sorted(PROGRAMS), digests={})
+    baseline = ProgramDigests(
+        path_dirs=_path_dirs(),
+        names=sorted(PROGRAMS),
+        digests={},
+        harness_dirs=harness_dirs(sandbox),
+    )
     baseline.digests = await sandbox.digests(baseline.paths)
     return baseline
 
@@ -367,9 +379,22 @@ async def verify_instance(
     baseline: ProgramDigests | None,
 ) -> VerifierOutcome:
     """The instance's verdict on what the agent left at the testbed (module docstring)."""
+    async with verification_world(sandbox, baseline) as world:
+        return await _judge(instance, world.sandbox, world, snapshot, options, baseline)
+
+
+async def _judge(
+    instance: SweInstance,
+    sandbox: Sandbox,
+    world: VerifyWorld,
+    snapshot: Path,
+    options: SweOptions,
+    baseline: ProgramDigests | None,
+) -> VerifierOutcome:
+    """The tests run in `sandbox` (the world's), judged by the agent's changes."""
     testbed = options.testbed
     spec = registry(options.specs_files).resolve(instance)
-    changes = await stop_and_check(sandbox, baseline)
+    changes = world.changes
     payload = await asyncio.to_thread(harness_tar, instance, snapshot, restore_list(instance))
     await _fresh(sandbox, _prepare_script(), "prepare the verifier's folder", stdin=payload)
     await _fresh(sandbox, _restore_script(testbed), "restore the test files", timeout=600.0)
@@ -382,6 +407,8 @@ async def verify_instance(
             + "; ".join(reach[:5])
             + "); the tests were not run"
         )
+    if world.before_tests is not None:
+        await world.before_tests()  # the agent's services serve the tests
     parser: str | None = None
     if reads_log(instance, spec):
         cases, tails, timed_out, parser = await _run_logged(

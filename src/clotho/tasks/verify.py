@@ -4,10 +4,11 @@ not shape (the kit: `clotho.verify`).
 Before the agent starts, the digests of the programs the tests will run (the shells and
 interpreters, and every command `test.sh` names, in every PATH directory) are taken from
 outside the sandbox. After the agent, its processes are held and what it changed is judged
-(`verify.integrity`, `verify.runner_rules`). When the agent left processes (services a task
-asked for), the tests run in a twin of the sandbox that shares only its network
-(`Sandbox.verification_twin`) and the agent's processes serve them; otherwise they are ended
-and the tests run in place. Either way the reward folder and `/tests` are made afresh (a link
+(`verify.integrity`, `verify.runner_rules`). Where the backend can hold them (a Docker
+container), the tests run in a twin of the sandbox that shares only its network
+(`integrity.verification_world`), and the agent's processes, if it left services, serve
+them; elsewhere they are ended and the tests run in place. Either way the reward folder and
+`/tests` are made afresh (a link
 the agent planted is removed, never followed), links landing there are refused, the tests run
 in a fresh process with a clean, pinned environment in the workdir, whatever they started is
 stopped, and the reward is read only from a regular file, with a size cap. A reward that is
@@ -30,14 +31,13 @@ from clotho.sandbox.config import DEFAULT_PATH
 from clotho.tasks.harbor import Task
 from clotho.verify.integrity import (
     ProgramDigests,
-    check_changes,
     check_links,
-    check_programs,
     fresh_exec,
+    harness_dirs,
     named_commands,
     named_paths,
     remove_bytecode,
-    stop_and_check,
+    verification_world,
 )
 
 TESTS_MOUNT = "/tests"
@@ -112,7 +112,9 @@ async def program_digests(task: Task, sandbox: Sandbox) -> ProgramDigests:
     files, folders = named_paths(text)
     dirs = _verifier_path(task)
     dirs = [*folders, *(d for d in dirs if d not in folders)]  # sourced: ahead on PATH
-    baseline = ProgramDigests(path_dirs=dirs, names=names, digests={}, files=files)
+    baseline = ProgramDigests(
+        path_dirs=dirs, names=names, digests={}, files=files, harness_dirs=harness_dirs(sandbox)
+    )
     baseline.digests = await sandbox.digests(baseline.paths)
     return baseline
 
@@ -221,19 +223,10 @@ async def run_verifier(
 ) -> VerifierOutcome:
     """The task's verdict on what the agent left in `sandbox` (see the module docstring)."""
     timeout_s = timeout_s or task.config.verifier.timeout_sec
-    if await sandbox.hold_agent():  # the agent left processes: they keep serving
-        changes = await check_programs(sandbox, baseline)  # held: nothing runs in it
-        twin = await sandbox.verification_twin()
-        try:
-            await check_changes(twin, baseline, changes)  # the twin's files are the snapshot's
-            return await _judge(task, twin, baseline, changes, timeout_s, sandbox.release_agent)
-        finally:
-            try:
-                await twin.close()
-            finally:
-                await sandbox.stop_agent()
-    changes = await stop_and_check(sandbox, baseline)
-    return await _judge(task, sandbox, baseline, changes, timeout_s)
+    async with verification_world(sandbox, baseline) as world:
+        return await _judge(
+            task, world.sandbox, baseline, world.changes, timeout_s, world.before_tests
+        )
 
 
 async def _judge(

@@ -20,11 +20,13 @@ import posixpath
 import re
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from clotho.errors import TamperError, VerifierError
 from clotho.sandbox.base import PathChange, Sandbox
+from clotho.sandbox.config import DEFAULT_PATH
 from clotho.verify import runner_rules
 
 PREP_TIMEOUT_S = 120.0
@@ -76,13 +78,17 @@ class ProgramDigests:
     names: list[str]
     digests: dict[str, str | None]
     files: list[str] = field(default_factory=list)  # named by path in the test script
+    # The PATH the harness's own commands (and a verification twin's first process) are
+    # found on, when it is not the tests' (`harness_dirs`): its programs are checked too.
+    harness_dirs: list[str] = field(default_factory=list)
     # Host clock when taken: a start-up hook changed after it is the agent's (the sandbox
     # shares the host's clock; nobody in it can set a file's ctime back).
     taken_at: float = field(default_factory=time.time)
 
     @property
     def paths(self) -> list[str]:
-        programs = (f"{d}/{n}" for n in self.names for d in self.path_dirs)
+        dirs = dict.fromkeys([*self.path_dirs, *self.harness_dirs])
+        programs = (f"{d}/{n}" for n in self.names for d in dirs)
         return list(dict.fromkeys([*ALWAYS_WATCHED, *self.files, *programs]))
 
     def changes(self, now: dict[str, str | None]) -> list[str]:
@@ -96,13 +102,25 @@ class ProgramDigests:
             if self.digests.get(p) is not None and now.get(p) != self.digests.get(p)
         ]
         for name in self.names:
-            before = _resolve(self.digests, self.path_dirs, name)
-            if before is None:
-                continue
-            after = _resolve(now, self.path_dirs, name)
-            if after != before:
-                found.append(_describe_change(name, before, after))
+            for dirs in (self.path_dirs, self.harness_dirs):
+                before = _resolve(self.digests, dirs, name)
+                if before is None:
+                    continue
+                after = _resolve(now, dirs, name)
+                if (
+                    after != before
+                    and (change := _describe_change(name, before, after)) not in found
+                ):
+                    found.append(change)
         return found
+
+
+def harness_dirs(sandbox: Sandbox) -> list[str]:
+    """The folders of the PATH the harness's commands run with in `sandbox` (its config's,
+    else the default)."""
+    env = getattr(getattr(sandbox, "config", None), "env", None) or {}
+    path = env.get("PATH", DEFAULT_PATH) if isinstance(env, dict) else DEFAULT_PATH
+    return [d.rstrip("/") for d in str(path).split(":") if d.startswith("/")]
 
 
 def _resolve(digests: dict[str, str | None], dirs: list[str], name: str) -> tuple[str, str] | None:
@@ -181,6 +199,44 @@ async def remove_bytecode(sandbox: Sandbox, changes: list[PathChange] | None) ->
     if compiled := runner_rules.bytecode(changes or []):
         stdin = b"".join(p.encode(errors="surrogateescape") + b"\0" for p in compiled)
         await fresh_exec(sandbox, _REMOVE, "remove the agent's Python bytecode", stdin=stdin)
+
+
+@dataclass
+class VerifyWorld:
+    """Where the tests run (`sandbox`), the agent's changes they are judged by, and what to
+    call just before they run (`before_tests`: continue the agent's services)."""
+
+    sandbox: Sandbox
+    changes: list[PathChange] | None
+    before_tests: Callable[[], Awaitable[None]] | None = None
+
+
+@asynccontextmanager
+async def verification_world(
+    sandbox: Sandbox, baseline: ProgramDigests | None
+) -> AsyncIterator[VerifyWorld]:
+    """The world every verifier runs its tests in. Where the backend can hold the agent's
+    processes (`hold_agent`: a Docker container, frozen), the checks read the held sandbox
+    from outside (`check_programs`) and the tests run in its `verification_twin`, a new
+    container from a snapshot of exactly what was checked: nothing of the agent's (not its
+    shell, not a process it traced, not pid 1) lives where the tests run; its services, if
+    it left any, are continued just before the tests and reach the twin only over the
+    shared network. Elsewhere the agent is stopped and the tests run in place
+    (`stop_and_check`). Whatever happens, the agent's processes end with the world."""
+    held = await sandbox.hold_agent()
+    if held is None:
+        yield VerifyWorld(sandbox, await stop_and_check(sandbox, baseline))
+        return
+    try:
+        changes = await check_programs(sandbox, baseline)  # held: nothing runs in it
+        twin = await sandbox.verification_twin()
+        try:
+            await check_changes(twin, baseline, changes)  # the twin's files are the snapshot's
+            yield VerifyWorld(twin, changes, sandbox.release_agent if held else None)
+        finally:
+            await twin.close()
+    finally:
+        await sandbox.stop_agent()
 
 
 async def stop_and_check(

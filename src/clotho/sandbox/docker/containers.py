@@ -19,6 +19,7 @@ from clotho.sandbox.config import (
     DEFAULT_DOCKER_MEMORY_MB,
     DEFAULT_DOCKER_STORAGE_MB,
     DockerSandboxConfig,
+    base_env,
 )
 from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.quota import confine
@@ -99,8 +100,12 @@ def container_body(
         "Labels": {LABEL: "1", **lease_labels(lease_s), **labels},
         "HostConfig": host,
     }
-    if network_of:  # a twin runs no entrypoint: the snapshot's is a program the agent could edit
-        body["Entrypoint"] = [""]
+    if network_of:  # a twin runs nothing of the snapshot's own that the checks did not cover:
+        body["Entrypoint"] = [""]  # no entrypoint, no health check (files the agent could edit),
+        body["Healthcheck"] = {"Test": ["NONE"]}
+        # and its first program is found on the harness's PATH (whose programs were digested),
+        # not on the image's.
+        body["Env"] = [f"{k}={v}" for k, v in base_env("/root", config.env).items()]
     return body
 
 

@@ -22,7 +22,7 @@ container (`fresh.STOP_CONTAINER`, `twin.HOLD_CONTAINER`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import signal
 from dataclasses import dataclass
@@ -30,6 +30,8 @@ from typing import Any
 
 from clotho.errors import SandboxError
 from clotho.sandbox.docker.fresh import in_container
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,12 +55,28 @@ def _read(pid: int) -> HostProcess | None:
 
 async def local_pid(container: Any) -> int | None:
     """The host pid of the container's pid 1 when the daemon is local (its processes are this
-    host's: the cgroup of that pid names the container); None otherwise."""
+    host's: the cgroup of that pid names the container); None otherwise, said once when the
+    daemon answers on a unix socket (the harness in another pid namespace, say)."""
     info = await container.show()
     pid = int((info.get("State") or {}).get("Pid") or 0)
     if pid > 0 and await asyncio.to_thread(in_container, pid, str(container.id)):
         return pid
+    if pid > 0 and getattr(getattr(container.docker, "connector", None), "path", None):
+        _warn_once(
+            "the Docker daemon's containers are not processes this host can see (is the "
+            "harness in another pid namespace?): the agent is stopped by scripts run in its "
+            "container, a weaker guarantee (docs/security.md, known gaps)"
+        )
     return None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 async def _docker_call(what: str, call: Any, tolerated: str) -> None:
@@ -108,17 +126,26 @@ def main_process(processes: list[HostProcess], first: int, init: bool) -> int | 
 
 
 def kill_frozen(processes: list[HostProcess], first: int, main: int | None) -> int:
-    """SIGKILL every process but pid 1 and the main process, which gets SIGSTOP: they take
-    the signals when thawed, before running a single instruction of their own. Returns how
-    many were sent SIGKILL."""
+    """SIGKILL every process but pid 1 and the main process, which gets SIGSTOP: frozen, they
+    take the signals before running a single instruction of their own. Returns how many
+    were sent SIGKILL."""
     killed = 0
     for process in processes:
-        with contextlib.suppress(ProcessLookupError):
+        try:
             if process.pid == main:  # pid 1 itself without an init
                 os.kill(process.pid, signal.SIGSTOP)
             elif process.pid != first:
                 os.kill(process.pid, signal.SIGKILL)
                 killed += 1
+        except ProcessLookupError:
+            continue
+        except PermissionError as exc:
+            error = SandboxError(
+                "the harness may not signal the container's processes (it must run as root "
+                f"beside a local Docker daemon): {exc}"
+            )
+            error.host_failure = True  # the harness's set-up: nothing the agent did
+            raise error from exc
     return killed
 
 

@@ -403,7 +403,12 @@ class DockerSandbox(ShellBackedSandbox):
             return await self._hold_by_script()
         await freeze.freeze(self.container)
         self._held = True
-        processes = await freeze.frozen_processes(self.container)
+        try:
+            processes = await freeze.frozen_processes(self.container)
+        except BaseException:
+            await freeze.thaw(self.container)
+            self._held = False
+            raise
         return freeze.agent_count(
             processes, first, freeze.main_process(processes, first, self.config.init)
         )

@@ -3,16 +3,18 @@
 Terminal-Bench tasks may ask the agent to leave a server running (nginx on 8080, a gRPC
 store in the background); their tests talk to it. Stopping the agent's processes before the
 tests fails those tasks; testing beside live processes of the agent lets them rewrite the
-runner, the tests or the reward while the tests run. So when the agent left processes,
-verification runs in a *twin*: the agent's container is frozen (the daemon's pause,
-`freeze.py`; `HOLD_CONTAINER` on a remote daemon) and committed to an image (a snapshot of
-exactly what was checked), and the tests run in a new container from that image that shares
-only the agent's network namespace and runs none of its entrypoint. The agent's processes
-are then thawed and serve over the shared loopback, but they cannot see, write
-or signal anything of the twin: its file system is the snapshot plus the harness's /tests
-and reward folder, its processes live in another pid namespace, its IPC is its own. One
-folder is the agent's, live (`LIVE_FOLDERS`): /var/log, where services write what tests read
-about them (nginx's access log); nothing the runner executes lives there.
+runner, the tests or the reward while the tests run; and a container's pid 1 and main
+process outlive any stop (traced, they run anything). So verification always runs in a
+*twin* (`verify.integrity.verification_world`): the agent's container is frozen (the
+daemon's pause, `freeze.py`; `HOLD_CONTAINER` on a remote daemon) and committed to an image
+(a snapshot of exactly what was checked), and the tests run in a new container from that
+image that shares only the agent's network namespace and runs none of its entrypoint. The
+agent's services, if any, are then thawed and serve over the shared loopback, but they
+cannot see, write or signal anything of the twin: its file system is the snapshot plus
+the harness's /tests and reward folder, its processes live in another pid namespace, its
+IPC is its own. One folder is the agent's, live (`LIVE_FOLDERS`): /var/log, where services
+write what tests read about them (nginx's access log); nothing the runner executes lives
+there.
 """
 
 from __future__ import annotations
