@@ -164,11 +164,12 @@ class Sandbox(abc.ABC):
         """Continue what `hold_agent` froze, once the tests run in `verification_twin`."""
         raise NotImplementedError(f"{type(self).__name__} cannot keep the agent's processes")
 
-    async def verification_twin(self) -> Sandbox:
+    async def verification_twin(self, *, empty: Sequence[str] = ()) -> Sandbox:
         """A sandbox whose file system is a snapshot of this held one and which shares only
         its network: the tests run there, reaching the agent's services, while nothing of
-        the agent's can see or touch the tests, their runner or the reward. Closing it
-        removes it."""
+        the agent's can see or touch the tests, their runner or the reward. `empty`: files
+        of the snapshot made empty before anything runs there (the loader's cache). Closing
+        it removes it."""
         raise NotImplementedError(f"{type(self).__name__} cannot make a verification twin")
 
     async def digests(self, paths: Sequence[str]) -> dict[str, str | None]:

@@ -8,6 +8,8 @@ its tests run in, whatever the format (a Harbor task's `tasks/verify.py`, a SWE 
   (`check_links`), the agent's bytecode removed, harness commands in fresh processes.
 - `runner_rules.py`: what the tests' runner relies on, judged from the backend's list of
   changes.
+- `loader_rules.py`: the dynamic loader's choices: no library of the agent's named like one of
+  the image's, and the agent's loader cache never used.
 
 It imports only `errors` and the sandbox contract (`sandbox.base`, `sandbox.config`): never a
 task format.

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from clotho.errors import TamperError, VerifierError
 from clotho.sandbox.base import PathChange, Sandbox
 from clotho.sandbox.config import DEFAULT_PATH
-from clotho.verify import runner_rules
+from clotho.verify import loader_rules, runner_rules
 
 PREP_TIMEOUT_S = 120.0
 
@@ -229,7 +229,8 @@ async def verification_world(
         return
     try:
         changes = await check_programs(sandbox, baseline)  # held: nothing runs in it
-        twin = await sandbox.verification_twin()
+        derived = [loader_rules.CACHE] if loader_rules.cache_changed(changes) else []
+        twin = await sandbox.verification_twin(empty=derived)  # `ldconfig` makes it again
         try:
             await check_changes(twin, baseline, changes)  # the twin's files are the snapshot's
             yield VerifyWorld(twin, changes, sandbox.release_agent if held else None)
@@ -273,6 +274,7 @@ async def check_programs(
     found = baseline.changes(await sandbox.digests(baseline.paths))
     if not found and changes is not None:
         found = runner_rules.review(changes, sandbox.workdir).tampered
+        found = found or await loader_rules.shadowing(sandbox, changes)
     _refuse(found)
     return changes
 

@@ -7,7 +7,8 @@ and fixed by the programs themselves, not by the agent's spelling of a file:
 
 - the dynamic loader: its preload file, its configuration and, for musl, its path file
   (the cache is derived and rebuilt by `ldconfig` before the tests where there is one);
-  shared libraries of the system library folders the image had;
+  shared libraries of the system library folders the image had (and, `loader_rules.py`,
+  none of the agent's named like them);
 - each Python interpreter's standard library (`lib/python3.N/` outside its site folders),
   its `python3N.zip`, the start-up hooks every interpreter imports (`sitecustomize`,
   `usercustomize`, anywhere) and `/etc/python3*`; the bytecode the agent left in those

@@ -10,8 +10,12 @@ task's image kept clotho's shell from starting.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
+import posixpath
 import secrets
+import tarfile
+from collections.abc import Sequence
 from typing import Any
 
 from clotho.errors import SandboxError
@@ -21,6 +25,7 @@ from clotho.sandbox.config import (
     DockerSandboxConfig,
     base_env,
 )
+from clotho.sandbox.docker.archive import put_archive
 from clotho.sandbox.docker.limits import LimitWatch
 from clotho.sandbox.docker.quota import confine
 from clotho.sandbox.host.leases import lease_labels
@@ -120,23 +125,45 @@ def container_limits(container: Any, config: DockerSandboxConfig) -> LimitWatch:
     )
 
 
-async def create_container(docker: Any, body: dict[str, Any], image: str) -> Any:
+async def create_container(
+    docker: Any, body: dict[str, Any], image: str, empty: Sequence[str] = ()
+) -> Any:
     """A new container named `clotho-<random>`, not started; the daemon's refusal is a
-    `SandboxError`."""
+    `SandboxError`. `empty`: files made empty before anything runs in it (what its image
+    holds there is not to be used: a verification twin's loader cache)."""
     from aiodocker.exceptions import DockerError
 
     try:
-        return await docker.containers.create(body, name=f"clotho-{secrets.token_hex(6)}")
+        container = await docker.containers.create(body, name=f"clotho-{secrets.token_hex(6)}")
     except DockerError as exc:
         raise SandboxError(f"cannot start a container from {image}: {exc}") from exc
+    try:
+        for path in empty:
+            folder, name = posixpath.split(path)
+            await put_archive(container, folder, _empty_file_tar(name))
+    except BaseException:
+        await delete_container(container)
+        raise
+    return container
 
 
-async def start_container(docker: Any, body: dict[str, Any], config: DockerSandboxConfig) -> Any:
+def _empty_file_tar(name: str) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.mode = 0o644
+        tar.addfile(info, io.BytesIO(b""))
+    return buffer.getvalue()
+
+
+async def start_container(
+    docker: Any, body: dict[str, Any], config: DockerSandboxConfig, empty: Sequence[str] = ()
+) -> Any:
     """Create, confine the writable layer to the disk limit (`quota.py`) and start; the
     container is removed when any of it fails or the caller is cancelled."""
     from aiodocker.exceptions import DockerError
 
-    container = await create_container(docker, body, config.image)
+    container = await create_container(docker, body, config.image, empty)
     try:
         await confine(container, config.storage_mb or DEFAULT_DOCKER_STORAGE_MB)  # quota.py
         await container.start()

@@ -181,8 +181,10 @@ class DockerSandbox(ShellBackedSandbox):
         lease_s: float = DEFAULT_LEASE_S,
         network_of: str | None = None,
         binds: list[str] | None = None,
+        empty: Sequence[str] = (),
     ) -> DockerSandbox:
-        """A container of its own (`DockerBackend.open` is the way in: it owns `docker`)."""
+        """A container of its own (`DockerBackend.open` is the way in: it owns `docker`);
+        `empty`: files made empty before anything runs in it."""
         exit_cleanup.register("docker", docker_url=client_url(docker))
         labels = dict(labels or {})
         container = None
@@ -200,14 +202,14 @@ class DockerSandbox(ShellBackedSandbox):
                 ]
                 shell = None
                 if network_of or not (await images.get(config.image)).entrypoint:
-                    container, shell = await cls._main_shell(docker, body, config, io_dir)
+                    container, shell = await cls._main_shell(docker, body, config, io_dir, empty)
                 if shell is not None:
                     sandbox = cls(config, docker, container, shell, labels)
                     sandbox.io_dir = io_dir
                     await sandbox.limits.start()
                     return sandbox
                 make_fifos(io_dir, replace=True)  # the image cannot run it: exec a shell
-            container = await start_container(docker, body, config)
+            container = await start_container(docker, body, config, empty)
             try:
                 shell = await cls._start_shell(container, config, "bash", io_dir)
             except SandboxError:
@@ -233,7 +235,11 @@ class DockerSandbox(ShellBackedSandbox):
 
     @staticmethod
     async def _main_shell(
-        docker: Any, body: dict[str, Any], config: DockerSandboxConfig, io_dir: Path
+        docker: Any,
+        body: dict[str, Any],
+        config: DockerSandboxConfig,
+        io_dir: Path,
+        empty: Sequence[str] = (),
     ) -> tuple[Any, PersistentShell | None]:
         """A container whose first process is the shell (no exec round trips). Returns no
         shell, and no container, when the image cannot run it (no `sh`, an entrypoint)."""
@@ -243,7 +249,7 @@ class DockerSandbox(ShellBackedSandbox):
             "Cmd": main_shell_command(),
             "Env": [f"{k}={v}" for k, v in env.items()],
         }
-        container = await create_container(docker, body, config.image)
+        container = await create_container(docker, body, config.image, empty)
         channel = DockerFifoChannel(
             container, io_dir, env=env, workdir=config.workdir, main_process=True
         )
@@ -438,9 +444,10 @@ class DockerSandbox(ShellBackedSandbox):
             env=self.fresh_env(None), timeout=60.0, cwd="/",
         )  # fmt: skip
 
-    async def verification_twin(self) -> Sandbox:
+    async def verification_twin(self, *, empty: Sequence[str] = ()) -> Sandbox:
         """A new container from a snapshot of this (held) one, sharing only its network
-        namespace (`twin.py`): the tests' world, out of the agent's processes' reach."""
+        namespace (`twin.py`): the tests' world, out of the agent's processes' reach;
+        `empty`: files of the snapshot made empty before anything runs in the twin."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
         labels = {**self.labels, "clotho.twin-of": self.id[:12]}
@@ -450,7 +457,7 @@ class DockerSandbox(ShellBackedSandbox):
         try:
             twin = await DockerSandbox.create(
                 config, labels, docker=self._docker, images=ImageFactsCache(self._docker),
-                network_of=self.id, binds=binds,
+                network_of=self.id, binds=binds, empty=empty,
             )  # fmt: skip
         except BaseException:
             await remove_snapshot(self._docker, image)

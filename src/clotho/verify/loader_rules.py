@@ -1,0 +1,86 @@
+"""The dynamic loader's choices, judged from outside: no library of the agent's stands in for
+one of the image's.
+
+Every program the harness and the tests run (the shells, Python, pytest) loads its shared
+libraries through the loader's cache, which `ldconfig` builds from its configuration, the
+folders it lists first: on Debian `/usr/local/lib` comes before `/lib/x86_64-linux-gnu`. So a
+`libc.so.6` the agent put in `/usr/local/lib` becomes the libc of every test once anyone runs
+`ldconfig` (the harness does, before the tests), and a cache the agent wrote by hand may name
+any file at all. Two rules close both:
+
+- a shared object the agent added or changed in a loader folder must not carry the name of
+  one that another loader folder holds (`shadowing`, judged with digests read from outside:
+  nothing runs in the sandbox);
+- the cache the agent left is never used: the verifier's world starts without it (the loader
+  then searches only the system folders) until `ldconfig` rebuilds it from the checked
+  configuration (`DERIVED`).
+
+New libraries (an `apt-get install`, a `make install` into /usr/local/lib) stay visible to
+the tests; the loader's configuration itself is judged by `runner_rules`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from clotho.sandbox.base import PathChange, Sandbox
+
+# The loader's cache: derived, never the agent's (the verifier's world starts without it).
+CACHE = "/etc/ld.so.cache"
+_TRIPLETS = ("x86_64-linux-gnu", "aarch64-linux-gnu", "i386-linux-gnu", "arm-linux-gnueabihf")
+_ROOTS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib")
+# The folders the loader searches by default and through the usual configuration.
+LOADER_DIRS = (
+    *_ROOTS,
+    *(
+        f"{root}/{triplet}"
+        for root in ("/lib", "/usr/lib", "/usr/local/lib")
+        for triplet in _TRIPLETS
+    ),
+)
+_SHARED_OBJECT = re.compile(r"^lib.*\.so(?:\.[0-9.]+)?$")
+
+
+def candidates(changes: list[PathChange]) -> dict[str, list[str]]:
+    """Each shared object the agent added or changed in a loader folder, with the paths in
+    the other loader folders that an image library of that name would have."""
+    found: dict[str, list[str]] = {}
+    for change in changes:
+        folder, name = posixpath.split(change.path)
+        if change.kind == "removed" or folder not in LOADER_DIRS or not _SHARED_OBJECT.match(name):
+            continue
+        found[change.path] = [f"{d}/{name}" for d in LOADER_DIRS if d != folder]
+    return found
+
+
+async def shadowing(sandbox: Sandbox, changes: list[PathChange]) -> list[str]:
+    """The agent's libraries that share a name with a library another loader folder holds
+    (which one the cache prefers is the configuration's order, not the image's intent)."""
+    found = candidates(changes)
+    if not found:
+        return []
+    paths = sorted({*found, *(p for others in found.values() for p in others)})
+    digests = await sandbox.digests(paths)
+    tampered = []
+    for path, others in sorted(found.items()):
+        # The same content (the very file through a merged /lib, or a plain copy) changes
+        # nothing the loader loads.
+        mine = _content(digests.get(path))
+        present = [p for p in others if _content(digests.get(p)) not in (None, mine)]
+        if present:
+            tampered.append(f"{path} (a library named like {present[0]}) added")
+    return tampered
+
+
+def _content(digest: str | None) -> str | None:
+    """The digest of what a path finally holds: a link's (`link:<target>=<digest>`, maybe
+    nested) is its last target's."""
+    while digest is not None and digest.startswith("link:"):
+        digest = digest.rpartition("=")[2] or None
+    return None if digest in (None, "None", "loop") else digest
+
+
+def cache_changed(changes: list[PathChange] | None) -> bool:
+    """Whether the agent left a loader cache of its own (None: the backend cannot tell)."""
+    return changes is None or any(c.path == CACHE for c in changes)
