@@ -29,6 +29,7 @@ from clotho.agent.base import AgentContext
 from clotho.agent.result import AgentResult
 from clotho.rollout import RolloutOutcome
 from clotho.sandbox import DockerSandboxConfig
+from clotho.sandbox.docker import freeze
 from clotho.sandbox.pool import SlotPool
 from clotho.tasks.harbor import load_task
 from clotho.tasks.trial import HarborTrial, run_trial
@@ -526,13 +527,26 @@ START_ACCOMPLICE = (
 )
 
 
+@pytest.fixture(params=["local", "remote"])
+def daemon(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`remote`: a stand-in (a test double) for a daemon on another host, whose processes
+    are not this host's to read or signal (`freeze.local_pid` answers None)."""
+    if request.param == "remote":
+
+        async def not_local(container: object) -> None:
+            return None
+
+        monkeypatch.setattr(freeze, "local_pid", not_local)
+    return str(request.param)
+
+
 async def test_a_held_process_that_a_timer_continues_changes_nothing_the_tests_see(
-    make_task,
+    make_task, daemon: str
 ) -> None:
     """Held, the agent's container is frozen by the daemon (a timer's SIGCONT does nothing
     to a frozen process) until the twin, from its snapshot, runs the tests: the answer the
     tests read is the one the agent left."""
-    task = _task(make_task, "timer", ANSWER_TEST_SH)
+    task = _task(make_task, f"timer-{daemon}", ANSWER_TEST_SH)
     outcome = await _trial(task, Scripted("echo 41 > /app/answer.txt", START_ACCOMPLICE))
     assert outcome.error is None, outcome.error
     assert outcome.verifier is not None

@@ -15,8 +15,9 @@ So on a local daemon, where the container's processes are host processes we may 
 - to hold: the container stays frozen while the digests and changes are read and the
   snapshot for the verification twin is taken, and is thawed only for the tests (`release`).
 
-A remote daemon's processes are not ours: the caller falls back to scripts run in the
-container (`fresh.STOP_CONTAINER`, `twin.HOLD_CONTAINER`).
+A remote daemon's processes are not ours to signal: it holds the same way (the pause is the
+Engine's, the count from its process list), and it stops with a script run in the container
+(`fresh.STOP_CONTAINER`), once the tests ran in the twin.
 """
 
 from __future__ import annotations
@@ -153,3 +154,23 @@ def agent_count(processes: list[HostProcess], first: int, main: int | None) -> i
     """How many processes the agent left: all but pid 1, the main process and its own
     children (the harness's session shell)."""
     return sum(1 for p in processes if p.pid not in (first, main) and p.ppid != main)
+
+
+async def remote_agent_count(container: Any) -> int:
+    """`agent_count` from the (frozen) container's process list as a remote daemon gives it
+    (its host's pids, parents and ages: nothing of this host's /proc to read)."""
+    from aiodocker.exceptions import DockerError
+
+    try:
+        info = await container.show()
+        top = await container.top(ps_args="-o pid,ppid,etimes")
+    except DockerError as exc:
+        raise SandboxError(f"cannot list the container's processes: {exc}") from exc
+    first = int((info.get("State") or {}).get("Pid") or 0)
+    rows = [r for r in top.get("Processes") or [] if len(r) >= 3 and r[2].isdigit()]
+    processes = [  # the oldest has the largest age: a negative start orders the same way
+        HostProcess(pid=int(r[0]), ppid=int(r[1]), start=-int(r[2]))
+        for r in rows
+        if r[0].isdigit() and r[1].isdigit()
+    ]
+    return agent_count(processes, first, main_process(processes, first, init=True))

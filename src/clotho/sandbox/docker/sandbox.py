@@ -65,15 +65,7 @@ from clotho.sandbox.docker.fresh import STOP_CONTAINER, fresh_exec, in_container
 from clotho.sandbox.docker.images import ImageFactsCache
 from clotho.sandbox.docker.quota import confine
 from clotho.sandbox.docker.rootfs import host_digests
-from clotho.sandbox.docker.twin import (
-    HOLD_CONTAINER,
-    RELEASE_CONTAINER,
-    VFORK_WAITS,
-    live_binds,
-    parse_hold,
-    remove_snapshot,
-    snapshot,
-)
+from clotho.sandbox.docker.twin import VFORK_WAITS, live_binds, remove_snapshot, snapshot
 from clotho.sandbox.host import exit_cleanup
 from clotho.sandbox.host.leases import DOCKER_IO
 from clotho.sandbox.host.state import make_state_dir, remove_state_dir
@@ -392,12 +384,12 @@ class DockerSandbox(ShellBackedSandbox):
         )
 
     async def hold_agent(self) -> int | None:
-        """Freeze every process the agent left without ending them; their number. On a local
-        daemon the container stays frozen (the daemon's pause: nothing in it runs, whatever
-        signal it is sent) while its digests and changes are read and its snapshot taken,
-        until `release_agent`; elsewhere a SIGSTOP from inside, checked from outside. None
-        where they cannot be kept for the tests: a slot (its container is its neighbours'
-        too) or a container without docker-init."""
+        """Freeze every process the agent left without ending them; their number. The
+        container is paused (the daemon's cgroup freezer: nothing in it runs, whatever signal
+        it is sent, and nothing is run in it to do it) and stays so while its digests and
+        changes are read and its snapshot taken, until `release_agent`. None where they
+        cannot be kept for the tests: a slot (its container is its neighbours' too) or a
+        container without docker-init."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
         if self.id != self.id_of_container or not self.config.init:
@@ -405,11 +397,11 @@ class DockerSandbox(ShellBackedSandbox):
         self.limits.raise_if_hit()
         self._stopped = True
         first = await freeze.local_pid(self.container)
-        if first is None:
-            return await self._hold_by_script()
         await freeze.freeze(self.container)
         self._held = True
         try:
+            if first is None:  # a remote daemon's: counted from its process list
+                return await freeze.remote_agent_count(self.container)
             processes = await freeze.frozen_processes(self.container)
         except BaseException:
             await freeze.thaw(self.container)
@@ -419,30 +411,13 @@ class DockerSandbox(ShellBackedSandbox):
             processes, first, freeze.main_process(processes, first, self.config.init)
         )
 
-    async def _hold_by_script(self) -> int:
-        """A remote daemon's container: SIGSTOP from inside, until none runs."""
-        left: list[str] = []
-        for attempt in range(40):  # a stopped process shows `T` once it is scheduled again
-            result = await self._container_script(HOLD_CONTAINER)
-            held, running = parse_hold(result.stdout)
-            left = await self._running_processes() if not running else [f"{running} running"]
-            if not left:
-                return held
-            await asyncio.sleep(min(0.05 * (attempt + 1), 0.5))
-        raise TamperError(f"processes kept running after the agent was held: {left!r}")
-
     async def release_agent(self) -> None:
-        """Continue what `hold_agent` froze: the agent's services serve the twin's tests."""
+        """Thaw what `hold_agent` froze: the agent's services serve the twin's tests."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
         if self._held:
             await freeze.thaw(self.container)
             self._held = False
-            return
-        await fresh_exec(
-            self.container, ["sh", "-c", RELEASE_CONTAINER],
-            env=self.fresh_env(None), timeout=60.0, cwd="/",
-        )  # fmt: skip
 
     async def verification_twin(self, *, empty: Sequence[str] = ()) -> Sandbox:
         """A new container from a snapshot of this (held) one, sharing only its network

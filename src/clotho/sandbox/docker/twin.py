@@ -22,66 +22,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import secrets
 import stat
 from typing import Any
 
 from clotho.errors import SandboxError
-from clotho.sandbox.docker.fresh import FIND_MAIN
 
 SNAPSHOT_REPO = "clotho-snapshot"
 _COMMIT_TIMEOUT_S = 600.0
 
-# A remote daemon's hold (a local one pauses the container, `freeze.py`). Freeze every
-# process of the container but pid 1 (docker-init), the container's main process
-# (`FIND_MAIN`: the harness's shell) and the caller, with `kill -STOP -1` in rounds
-# until none is left running (a fork racing the signal is caught by the next round); bash or
-# sh builtins only. Prints how many of the agent's it holds (stopped, not killed: they may
-# serve the tests): the main process's own children (the session shell) are not counted.
 # A process inside vfork() (state D in `kernel_clone`) whose child was stopped before it
-# exec'd cannot take the signal, nor run, until that child goes on: it is held too. (Seen
-# under load: a forking loop's `sh`; Python's subprocess uses vfork, so honest agents too.)
+# exec'd cannot take a signal, nor run, until that child goes on (seen under load: a forking
+# loop's `sh`; Python's subprocess uses vfork, so honest agents too): the process lists
+# count it as stopped.
 VFORK_WAITS = ("kernel_clone", "wait_for_vfork_done", "_do_fork", "do_fork")
-HOLD_CONTAINER = (
-    FIND_MAIN
-    + r"""
-vfork_held() {
-  w=; read -r w < "$1/wchan" 2>/dev/null
-  case $w in """
-    + "|".join(VFORK_WAITS)
-    + r""") ;; *) return 1 ;; esac
-  kids=; read -r kids < "$1/task/${1#/proc/}/children" 2>/dev/null
-  for k in $kids; do
-    read -r kl < "/proc/$k/stat" 2>/dev/null || continue
-    set -- ${kl##*) }
-    case $1 in T|t) return 0 ;; esac
-  done
-  return 1
-}
-round=0; held=0; running=1
-while [ $round -lt 100 ] && [ $running -gt 0 ]; do
-  kill -s STOP -- -1 2>/dev/null
-  held=0; running=0
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    case $p in 1|"$self"|"$main") continue ;; esac
-    read -r line < "$d/stat" 2>/dev/null || continue
-    set -- ${line##*) }
-    state=$1
-    if [ "$state" = D ] && vfork_held "$d"; then state=T; fi
-    if [ -n "$main" ] && [ "$2" = "$main" ]; then  # the harness's session shell: stopped,
-      case $state in T|t|Z|X) ;; *) running=$((running + 1)) ;; esac; continue  # not counted
-    fi
-    case $state in Z|X) ;; T|t) held=$((held + 1)) ;; *) running=$((running + 1)) ;; esac
-  done
-  round=$((round + 1))
-done
-echo "main=$main held=$held running=$running"
-"""
-)
-# Continue what `HOLD_CONTAINER` stopped (everything but pid 1 and the caller).
-RELEASE_CONTAINER = "kill -s CONT -- -1 2>/dev/null; true\n"
 
 # The agent's folders the twin sees live, not as the snapshot: services' logs.
 LIVE_FOLDERS = ("/var/log",)
@@ -108,18 +62,6 @@ def live_binds(info: dict[str, Any]) -> list[str]:
         if real:
             binds.append(f"{path}:{folder}")
     return binds
-
-
-_HELD = re.compile(r"main=(\d*) held=(\d+) running=(\d+)")
-
-
-def parse_hold(output: str) -> tuple[int, int]:
-    """(held, still running) from `HOLD_CONTAINER`'s last line."""
-    found = _HELD.findall(output)
-    if not found:
-        raise SandboxError(f"cannot hold the agent's processes: {output.strip()[-300:]!r}")
-    _, held, running = found[-1]
-    return int(held), int(running)
 
 
 async def snapshot(container: Any, labels: dict[str, str]) -> str:
