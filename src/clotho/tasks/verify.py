@@ -5,7 +5,8 @@ Before the agent starts, the digests of the programs the tests will run (the she
 interpreters, and every command `test.sh` names, in every PATH directory) are taken from
 outside the sandbox. After the agent, its processes are held and what it changed is judged
 (`verify.integrity`, `verify.runner_rules`). Where the backend can hold them (a Docker
-container), the tests run in a twin of the sandbox that shares only its network
+container), the tests run in a twin of the sandbox that shares only its network (and Docker's
+files for it: hosts, resolv.conf)
 (`integrity.verification_world`), and the agent's processes, if it left services, serve
 them; elsewhere they are ended and the tests run in place. Either way the reward folder and
 `/tests` are made afresh (a link

@@ -65,8 +65,8 @@ async def local_pid(container: Any) -> int | None:
     if pid > 0 and getattr(getattr(container.docker, "connector", None), "path", None):
         _warn_once(
             "the Docker daemon's containers are not processes this host can see (is the "
-            "harness in another pid namespace?): the agent is stopped by scripts run in its "
-            "container, a weaker guarantee (docs/security.md, known gaps)"
+            "harness in another pid namespace?): the agent is held through the Engine alone and "
+            "stopped by a script run in its container (docs/security.md, known gaps)"
         )
     return None
 

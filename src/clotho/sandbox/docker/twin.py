@@ -6,9 +6,10 @@ tests fails those tasks; testing beside live processes of the agent lets them re
 runner, the tests or the reward while the tests run; and a container's pid 1 and main
 process outlive any stop (traced, they run anything). So verification always runs in a
 *twin* (`verify.integrity.verification_world`): the agent's container is frozen (the
-daemon's pause, `freeze.py`; `HOLD_CONTAINER` on a remote daemon) and committed to an image
+daemon's pause, `freeze.py`, a remote daemon's too) and committed to an image
 (a snapshot of exactly what was checked), and the tests run in a new container from that
-image that shares only the agent's network namespace and runs none of its entrypoint. The
+image that shares only the agent's network namespace (and with it the files Docker keeps
+for it: /etc/hosts, /etc/resolv.conf, /etc/hostname) and runs none of its entrypoint. The
 agent's services, if any, are then thawed and serve over the shared loopback, but they
 cannot see, write or signal anything of the twin: its file system is the snapshot plus
 the harness's /tests and reward folder, its processes live in another pid namespace, its
