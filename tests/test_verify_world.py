@@ -253,6 +253,11 @@ ATTACKS = {
     "pip configuration": "printf '[global]\\nfind-links = /tmp/evil\\n' > /etc/pip.conf",
     "loader preload": "echo /tmp/x.so > /etc/ld.so.preload",
     "runner edited": f"echo 'import os; os._exit(0)' >> {SITE}/_pytest/main.py",
+    # The runner's site folder swapped for a link to an edited copy: nothing in it is listed
+    # as changed, only the folder.
+    "site folder linked": f"cp -a {SITE} /opt/s && "
+    "echo 'import os; os._exit(0)' >> /opt/s/_pytest/main.py && "
+    f"rm -rf {SITE} && ln -s /opt/s {SITE}",
 }
 
 
@@ -267,6 +272,7 @@ NAMED = {
     "loader preload": "/etc/ld.so.preload",
     "runner edited": "_pytest/main.py",
     "pip configuration": "/etc/pip.conf",
+    "site folder linked": f"{SITE} (a folder",
 }
 
 

@@ -49,6 +49,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from clotho.sandbox.base import PathChange, Sandbox
+from clotho.verify.loader_rules import LOADER_DIRS
 
 _PY_LIB = re.compile(r"^(?P<lib>/(?:.*/)?lib(?:64)?/python3(?:\.\d+)?)(?:/(?P<rest>.*))?$")
 _PY_ZIP = re.compile(r"^/(?:.*/)?lib(?:64)?/python3\d+\.zip$")
@@ -108,6 +109,25 @@ def _parents(changes: list[PathChange]) -> set[str]:
     return found
 
 
+# Folders whose files the rules judge by their paths: one replaced by a link (to a copy the
+# agent edited elsewhere) hides every file in it from the list of changes.
+_JUDGED_FOLDERS = frozenset(
+    {
+        "/etc", "/usr", "/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local",
+        "/usr/local/bin", "/usr/local/sbin", "/etc/ld.so.conf.d", "/etc/apt", "/etc/pip",
+        *LOADER_DIRS,
+    }
+)  # fmt: skip
+
+
+def _judged_folder(path: str) -> bool:
+    if path in _JUDGED_FOLDERS:
+        return True
+    match = _PY_LIB.match(path)
+    rest = (match.group("rest") or "") if match else None
+    return rest is not None and (rest == "" or _SITE.fullmatch(rest) is not None)
+
+
 def review(changes: list[PathChange], workdir: str = "/app") -> RunnerReview:
     """Classify every change (see the module docstring); nothing is read yet. `workdir` is
     the tests' working directory, first on `sys.path` for `python3 -m pytest`."""
@@ -122,7 +142,9 @@ def review(changes: list[PathChange], workdir: str = "/app") -> RunnerReview:
         if venv_sites is not None and venv_sites.match(path):
             continue  # a virtualenv's own packages: its interpreter is the agent's program
         base = posixpath.basename(path)
-        if posixpath.dirname(path) == workdir and kind != "removed" and _module(base):
+        if change.link and kind == "changed" and _judged_folder(path):
+            result.tampered.append(f"{path} (a folder whose files the runner relies on) {kind}")
+        elif posixpath.dirname(path) == workdir and kind != "removed" and _module(base):
             result.tampered.append(
                 f"{path} (named like the test runner, in the tests' working directory) {kind}"
             )
