@@ -188,6 +188,20 @@ async def test_hold_agent_freezes_until_released(
     assert await digest("/tmp/beat") == await digest("/tmp/beat")
 
 
+async def test_stop_agent_after_a_hold_that_was_never_released(
+    docker_sandbox: DockerSandbox, daemon: str
+) -> None:
+    """A verification that ends before the tests (tamper, no services) stops a container
+    its hold left paused: everything but docker-init ends, and fresh processes run."""
+    await docker_sandbox.exec(LOOP.format(path="/tmp/beat", tag="loop"))
+    assert (await docker_sandbox.hold_agent() or 0) >= 1
+    await docker_sandbox.stop_agent()
+    assert (await docker_sandbox.container.show())["State"]["Paused"] is False
+    ps = (await docker_sandbox.exec_fresh("ps -eo stat=,args=", timeout=PATIENCE_S)).stdout
+    alive = [line for line in ps.splitlines() if line[:1] not in "TZ" and "ps -eo" not in line]
+    assert len(alive) == 1 and "docker-init" in alive[0], ps
+
+
 async def test_the_twin_runs_nothing_of_the_images_own() -> None:
     """A twin runs no entrypoint and no health check of its snapshot (files the agent could
     edit), and finds its first program on the harness's PATH, not the image's."""

@@ -716,6 +716,17 @@ async def test_a_library_named_like_the_images_is_tamper(make_task) -> None:
     assert "libz.so.1" not in message and "libclotho-new" not in message, message
 
 
+async def test_a_library_in_a_hwcaps_folder_is_tamper(make_task) -> None:
+    """The loader prefers a system folder's glibc-hwcaps subfolder for a CPU with those
+    features, cache or not: a library the agent put there is tamper."""
+    task = _task(make_task, "hwcaps-lib", ANSWER_TEST_SH)
+    folder = "/usr/lib/x86_64-linux-gnu/glibc-hwcaps/x86-64-v2"
+    plant = f"mkdir -p {folder} && cp /usr/lib/x86_64-linux-gnu/libz.so.1 {folder}/"
+    outcome = await _trial(task, Scripted("echo 42 > /app/answer.txt", plant))
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome
+    assert f"{folder}/libz.so.1" in outcome.error.message, outcome.error.message
+
+
 async def test_the_agents_loader_cache_is_never_used(make_task) -> None:
     """The twin starts without the loader cache the agent left (one naming a libc in /tmp)
     and `ldconfig` makes it again from the checked configuration: the honest answer is

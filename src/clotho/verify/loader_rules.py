@@ -42,6 +42,30 @@ LOADER_DIRS = (
 _SHARED_OBJECT = re.compile(r"^lib.*\.so(?:\.[0-9.]+)?$")
 
 
+# Subfolders the loader prefers to its folder itself for a CPU that has the features they
+# name (glibc-hwcaps/x86-64-v3, and the older platform folders): a library there wins
+# with or without a cache.
+_HWCAPS = re.compile(
+    r"/(?:glibc-hwcaps|tls|haswell|x86_64|i686|sse2|avx512_1|aarch64|atomics)(?:/|$)"
+)
+
+
+def hwcaps(changes: list[PathChange]) -> list[str]:
+    """The shared objects the agent added or changed in a loader folder's hwcaps folders."""
+    found = []
+    for change in changes:
+        if change.kind == "removed" or not _SHARED_OBJECT.match(posixpath.basename(change.path)):
+            continue
+        for folder in LOADER_DIRS:
+            inside = change.path.removeprefix(folder + "/")
+            if inside != change.path and _HWCAPS.match("/" + inside):
+                found.append(
+                    f"{change.path} (a library the loader prefers to {folder}'s) {change.kind}"
+                )
+                break
+    return found
+
+
 def candidates(changes: list[PathChange]) -> dict[str, list[str]]:
     """Each shared object the agent added or changed in a loader folder, with the paths in
     the other loader folders that an image library of that name would have."""
@@ -57,6 +81,8 @@ def candidates(changes: list[PathChange]) -> dict[str, list[str]]:
 async def shadowing(sandbox: Sandbox, changes: list[PathChange]) -> list[str]:
     """The agent's libraries that share a name with a library another loader folder holds
     (which one the cache prefers is the configuration's order, not the image's intent)."""
+    if preferred := hwcaps(changes):
+        return preferred
     found = candidates(changes)
     if not found:
         return []

@@ -370,7 +370,11 @@ class DockerSandbox(ShellBackedSandbox):
         return left
 
     async def _stop_by_script(self) -> None:
-        """A remote daemon's container: stopped by a script run as root in it."""
+        """A remote daemon's container: stopped by a script run as root in it (thawed first
+        when a hold left it paused: nothing runs in a paused container)."""
+        if self._held:
+            await freeze.thaw(self.container)
+            self._held = False
         left: list[str] = []
         for _ in range(5):
             result = await self._container_script(STOP_CONTAINER)
