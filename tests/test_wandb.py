@@ -42,8 +42,19 @@ def read_offline_run(folder: Path) -> dict[str, Any]:
 
     W&B's service process writes the log behind the client: `finish()` can return before
     the history is on disk, so this waits for the run's exit record."""
-    wait_until_sync(lambda: _read_offline_run(folder)["exited"], 60)
+    wait_until_sync(lambda: _has_exited(folder), 60)
     return _read_offline_run(folder)
+
+
+def _has_exited(folder: Path) -> bool:
+    """Whether the run's exit record is on disk; a log the service is still creating or
+    writing into (a record cut mid-write) is simply not there yet."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        return _read_offline_run(folder)["exited"]
+    except (ValueError, StopIteration, DecodeError):
+        return False
 
 
 def _read_offline_run(folder: Path) -> dict[str, Any]:
@@ -61,6 +72,8 @@ def _read_offline_run(folder: Path) -> dict[str, Any]:
         if length == 0 and kind == 0:
             pos += left
             continue
+        if pos + 7 + length > len(data):
+            break  # the service is still writing this record
         chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 1:
             raws.append(chunk)
