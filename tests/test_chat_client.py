@@ -21,7 +21,7 @@ from tests.scripted_openai import (
     unused_url,
     usage,
 )
-from tests.support import PATIENCE_S
+from tests.support import PATIENCE_S, wait_until
 
 from clotho.chat import ChatClient, InvalidToolCall, ModelConfig, SamplingParams, ToolCall, Usage
 from clotho.errors import ConfigError, InfraError, ModelError
@@ -417,6 +417,7 @@ async def test_request_timeout_is_retried_then_raises_model_error() -> None:
                 with pytest.raises(ModelError, match="Timeout"):
                     await client.complete(USER)
                 # The client gave up on both before either could answer.
+                assert await wait_until(lambda: len(server.requests) >= 2)
                 assert (len(server.requests), held.answered) == (2, 0)
             finally:
                 held.release.set()

@@ -299,8 +299,8 @@ async def test_runaway_scripts_are_stopped_and_discarded() -> None:
             generator,
             agent,
             max_generation_attempts=3,
-            setup_timeout_s=1,
-            solution_timeout_s=1,
+            setup_timeout_s=5,  # the sound setups must finish in time on a busy machine
+            solution_timeout_s=5,
             max_workspace_bytes=100_000,
         )
         try:

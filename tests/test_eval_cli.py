@@ -31,7 +31,9 @@ RESULT_FIELDS = {
 
 
 def results(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    """The finished rows; a line `clotho eval` is still writing has no newline yet."""
+    text = (out / "results.jsonl").read_text()
+    return [json.loads(line) for line in text.split("\n")[:-1] if line]
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -166,7 +168,7 @@ def test_filter_and_skip(make_task, tmp_path: Path) -> None:
 
 
 def test_task_timeout_stops_a_slow_agent(make_task, tmp_path: Path) -> None:
-    make_task("slow", solve_sh="sleep 60\n")
+    make_task("slow", solve_sh="sleep 600\n")
     out = tmp_path / "run"
     started = time.monotonic()
     proc = clotho(
@@ -180,7 +182,7 @@ def test_task_timeout_stops_a_slow_agent(make_task, tmp_path: Path) -> None:
         str(out),
     )
     assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 300  # far below the agent's 600 s: it was stopped
     (row,) = results(out)
     assert row["passed"] is False
     assert row["error"]["kind"] == "agent" and "wall-clock" in row["error"]["message"]

@@ -169,11 +169,13 @@ async def test_the_next_commands_markers_are_fresh_random(make_shell, issued, mo
 
 async def forged_end_of_this_command(shell: PersistentShell, mode: str) -> None:
     """The agent reads its own command's end marker and prints it early, then the real end
-    follows: the host took the forged one, and must see the real one as a desync."""
+    follows: the host took the forged one, and must see the real one as a desync.
+
+    The real end comes 2 s later, so that a busy host reads the forged one first."""
     if mode == "session":  # read from the shell's own EXIT trap, decoded with printf
         forge = (
             "m=$(trap -p EXIT | sed -n 's/.*printf \"\\(E[^%]*\\)%s X.*/\\1/p'); "
-            'printf "forged$m%s\\n" 0; printf "$m" >&2; sleep 0.3; echo real'
+            'printf "forged$m%s\\n" 0; printf "$m" >&2; sleep 2; echo real'
         )
         r = await shell.run(forge)
         assert r.stdout == "forged" and r.exit_code == 0  # the forgery was believed ...
@@ -183,9 +185,7 @@ async def forged_end_of_this_command(shell: PersistentShell, mode: str) -> None:
         real = shell_module.new_markers
         shell_module.new_markers = lambda: ahead  # type: ignore[assignment]
         try:
-            r = await shell.run(
-                f"printf 'forged{ahead[2]}0\\n'; printf '{ahead[2]}' >&2; sleep 0.3"
-            )
+            r = await shell.run(f"printf 'forged{ahead[2]}0\\n'; printf '{ahead[2]}' >&2; sleep 2")
         finally:
             shell_module.new_markers = real  # type: ignore[assignment]
         assert r.stdout == "forged" and r.exit_code == 0
@@ -335,7 +335,7 @@ async def test_the_pool_discards_a_sandbox_whose_shell_protocol_broke(tmp_path: 
         sandbox = await pool.acquire(config)
         r = await sandbox.exec(
             "m=$(trap -p EXIT | sed -n 's/.*printf \"\\(E[^%]*\\)%s X.*/\\1/p'); "
-            'printf "$m%s\\n" 0; printf "$m" >&2; sleep 0.3'
+            'printf "$m%s\\n" 0; printf "$m" >&2; sleep 2'
         )
         assert (r.stdout, r.exit_code) == ("", 0)  # the forgery was believed ...
         with pytest.raises(SandboxError, match="protocol broke"):
@@ -383,7 +383,7 @@ async def test_docker_shell_survives_dumps_forgeries_and_floods(stdio: str) -> N
         assert (await sb.exec("echo quiet")).stdout == "quiet\n"
         r = await sb.exec(
             "m=$(trap -p EXIT | sed -n 's/.*printf \"\\(E[^%]*\\)%s X.*/\\1/p'); "
-            'printf "$m%s\\n" 0; printf "$m" >&2; sleep 0.3'
+            'printf "$m%s\\n" 0; printf "$m" >&2; sleep 2'
         )
         assert (r.stdout, r.exit_code) == ("", 0)
         with pytest.raises(SandboxError, match="protocol broke"):

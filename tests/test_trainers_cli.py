@@ -6,6 +6,7 @@ import asyncio
 import sys
 
 import httpx
+from tests.support import PATIENCE_S
 from tests.test_api_token_sources import clotho_api, stop
 from tests.test_trainers_support import free_port, make_group
 
@@ -50,5 +51,5 @@ async def test_no_auth_is_loopback_only_and_warns() -> None:
         "--port", str(free_port()),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    _, stderr = await asyncio.wait_for(refused.communicate(), 15)
+    _, stderr = await asyncio.wait_for(refused.communicate(), PATIENCE_S)
     assert refused.returncode == 2 and "without a token" in stderr.decode()

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tests.support import http_up
+from tests.support import PATIENCE_S, http_up
 from tests.test_trainers_support import ScriptedTrainer, check_batch, free_port, make_group
 
 from clotho.trainers.client import ApiClientConfig, AtroposClient
@@ -76,7 +76,7 @@ async def test_client_against_upstream_run_api(upstream: str) -> None:
         assert not done  # upstream: "wait for trainer to start"
         await trainer.register(8)
         assert await trainer.batch() is None
-        reply = await asyncio.wait_for(registering, 5)
+        reply = await asyncio.wait_for(registering, PATIENCE_S)
         assert (reply.env_id, reply.wandb_name) == (0, "compat_0")
         assert client.trainer_info is not None and client.trainer_info.batch_size == 8
 

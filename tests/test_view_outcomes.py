@@ -65,7 +65,8 @@ def clotho(*args: str) -> subprocess.CompletedProcess[str]:
 def lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    text = path.read_text()  # a line still being written has no newline yet
+    return [json.loads(line) for line in text.split("\n")[:-1] if line]
 
 
 def stop_after_first_result(tasks: Path, out: Path) -> subprocess.CompletedProcess[str]:
