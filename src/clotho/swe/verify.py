@@ -42,6 +42,7 @@ from clotho.verify.integrity import (
     harness_dirs,
     verification_world,
 )
+from clotho.verify.loader_rules import REBUILD_LOADER_CACHE
 
 WORK = "/tmp/clotho-swe"
 JUNIT_MAX_BYTES = 32 << 20
@@ -67,6 +68,7 @@ PROGRAMS = (
     "head",
     "stat",
     "patch",
+    "ldconfig",  # rebuilds the loader's cache before the tests
 )
 HARNESS_FILES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg")
 TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -139,7 +141,7 @@ rm -rf -- "$D"
 mkdir -p -- "$D"
 tar -x --no-same-owner -C "$D"
 mkdir -p -- "$D/out"
-"""
+{REBUILD_LOADER_CACHE}"""
 
 
 def _restore_script(testbed: str) -> str:

@@ -40,6 +40,7 @@ from clotho.verify.integrity import (
     remove_bytecode,
     verification_world,
 )
+from clotho.verify.loader_rules import REBUILD_LOADER_CACHE
 
 TESTS_MOUNT = "/tests"
 LOGS_DIR = "/logs/verifier"
@@ -80,9 +81,7 @@ fresh {LOGS_DIR}
 fresh {TESTS_MOUNT}
 tar -x --no-same-owner -C {TESTS_MOUNT}
 chmod -R a+rX {TESTS_MOUNT} {LOGS_DIR}
-# The loader's cache is derived: rebuilt from its (checked) configuration, never the agent's.
-if command -v ldconfig >/dev/null 2>&1; then ldconfig 2>/dev/null || true; fi
-"""
+{REBUILD_LOADER_CACHE}"""
 # Which reward file is there, and what it is: nothing is read yet.
 _INSPECT = f"""for name in reward.json reward.txt; do
   f={LOGS_DIR}/$name

@@ -5,15 +5,16 @@ Every program the harness and the tests run (the shells, Python, pytest) loads i
 libraries through the loader's cache, which `ldconfig` builds from its configuration, the
 folders it lists first: on Debian `/usr/local/lib` comes before `/lib/x86_64-linux-gnu`. So a
 `libc.so.6` the agent put in `/usr/local/lib` becomes the libc of every test once anyone runs
-`ldconfig` (the harness does, before the tests), and a cache the agent wrote by hand may name
-any file at all. Two rules close both:
+`ldconfig`, which also links any library under the soname written inside it, and a cache the
+agent wrote by hand may name any file at all. Three rules close these:
 
 - a shared object the agent added or changed in a loader folder must not carry the name of
   one that another loader folder holds (`shadowing`, judged with digests read from outside:
   nothing runs in the sandbox);
 - the cache the agent left is never used: the verifier's world starts without it (the loader
   then searches only the system folders) until `ldconfig` rebuilds it from the checked
-  configuration (`DERIVED`).
+  configuration (`REBUILD_LOADER_CACHE`), making no link: the names in the loader's
+  folders are the ones the first rule judged, whatever sonames the files carry.
 
 New libraries (an `apt-get install`, a `make install` into /usr/local/lib) stay visible to
 the tests; the loader's configuration itself is judged by `runner_rules`.
@@ -28,6 +29,14 @@ from clotho.sandbox.base import PathChange, Sandbox
 
 # The loader's cache: derived, never the agent's (the verifier's world starts without it).
 CACHE = "/etc/ld.so.cache"
+# Rebuilt before the tests from the checked configuration, without making any link (`-X`):
+# `ldconfig` names a library's link after the soname inside it, so a `libzz.so.1` whose
+# soname is `libc.so.6` would become every program's libc. Without the link, the cache's
+# entry names a file that is not there and the loader goes on to the image's library;
+# links the agent made itself are files of its own, judged by `shadowing`.
+REBUILD_LOADER_CACHE = (
+    "if command -v ldconfig >/dev/null 2>&1; then ldconfig -X 2>/dev/null || true; fi\n"
+)
 _TRIPLETS = ("x86_64-linux-gnu", "aarch64-linux-gnu", "i386-linux-gnu", "arm-linux-gnueabihf")
 _ROOTS = ("/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib")
 # The folders the loader searches by default and through the usual configuration.
