@@ -38,6 +38,7 @@ from clotho.verify.integrity import (
     named_commands,
     named_paths,
     remove_bytecode,
+    remove_setup_leftovers,
     verification_world,
 )
 from clotho.verify.loader_rules import REBUILD_LOADER_CACHE
@@ -113,7 +114,12 @@ async def program_digests(task: Task, sandbox: Sandbox) -> ProgramDigests:
     dirs = _verifier_path(task)
     dirs = [*folders, *(d for d in dirs if d not in folders)]  # sourced: ahead on PATH
     baseline = ProgramDigests(
-        path_dirs=dirs, names=names, digests={}, files=files, harness_dirs=harness_dirs(sandbox)
+        path_dirs=dirs,
+        names=names,
+        digests={},
+        files=files,
+        harness_dirs=harness_dirs(sandbox),
+        runner=list(BASE_PROGRAMS),
     )
     baseline.digests = await sandbox.digests(baseline.paths)
     return baseline
@@ -242,6 +248,7 @@ async def _judge(
     reward."""
     tests = await asyncio.to_thread(_tests_tar, task)
     await remove_bytecode(world, changes)  # derived: compiled again
+    await remove_setup_leftovers(world, baseline)  # the tests' set-up makes its own
     await fresh_exec(world, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
     await check_links(world, baseline, changes, HARNESS_ROOTS, FRESH_ROOTS)
     if before_tests is not None:

@@ -56,6 +56,15 @@ _REMOVE = """while IFS= read -r -d '' p; do
 done
 true
 """
+# Each path, removed whole where its folder is itself (no link on the way, which would
+# make it remove something else); a path still there afterwards is printed.
+_REMOVE_LEFTOVERS = """while IFS= read -r -d '' p; do
+  d=$(readlink -f -- "${p%/*}" 2>/dev/null) || d=
+  if [ "$d" = "${p%/*}" ]; then rm -rf -- "$p"; fi
+  if [ -e "$p" ] || [ -L "$p" ]; then printf '%s\\n' "$p"; fi
+done
+true
+"""
 # `.pth` files in the site folders whose `import` lines Python runs at every interpreter's
 # start, changed (ctime) since the baseline: listed, never run (grep skips FIFOs/devices).
 # A find without -newerct (busybox) lists nothing: the check is best effort there.
@@ -81,6 +90,9 @@ class ProgramDigests:
     # The PATH the harness's own commands (and a verification twin's first process) are
     # found on, when it is not the tests' (`harness_dirs`): its programs are checked too.
     harness_dirs: list[str] = field(default_factory=list)
+    # The runner's own programs (`uvx`): where the tests' set-up installs them, one the agent
+    # left first is removed before the tests (`setup_leftovers`).
+    runner: list[str] = field(default_factory=list)
     # Host clock when taken: a start-up hook changed after it is the agent's (the sandbox
     # shares the host's clock; nobody in it can set a file's ctime back).
     taken_at: float = field(default_factory=time.time)
@@ -96,22 +108,39 @@ class ProgramDigests:
         the same content (a new one earlier in PATH shadows it); a program that did not exist
         before may appear (the agent installed it). Preload files must not change at all."""
         found = [f"{p} changed" for p in ALWAYS_WATCHED if now.get(p) != self.digests.get(p)]
+        # What the tests' set-up makes for itself is removed before they run: not theirs.
+        tests_see = {**now, **dict.fromkeys(self.setup_leftovers())}
         found += [  # a file test.sh names that existed must stay as it was; a new one may appear
             f"{p} (named by test.sh) changed"
             for p in self.files
             if self.digests.get(p) is not None and now.get(p) != self.digests.get(p)
         ]
         for name in self.names:
-            for dirs in (self.path_dirs, self.harness_dirs):
+            for dirs, seen in ((self.path_dirs, tests_see), (self.harness_dirs, now)):
                 before = _resolve(self.digests, dirs, name)
                 if before is None:
                     continue
-                after = _resolve(now, dirs, name)
+                after = _resolve(seen, dirs, name)
                 if (
                     after != before
                     and (change := _describe_change(name, before, after)) not in found
                 ):
                     found.append(change)
+        return found
+
+    def setup_leftovers(self) -> list[str]:
+        """What the test script sets up for itself that was not there before the agent: a
+        file it sources (`source $HOME/.local/bin/env`, which an installer writes only when
+        absent, so the agent's would run in the tests' shell) and a `runner` program in that
+        file's folder (`uvx`, which a failed installer would leave as the agent's). The
+        tests' own set-up makes them again."""
+        found = [f for f in self.files if self.digests.get(f) is None]
+        for folder in dict.fromkeys(posixpath.dirname(f) for f in self.files):
+            found += [
+                path
+                for name in sorted(set(self.runner))
+                if (path := f"{folder}/{name}") in self.digests and self.digests[path] is None
+            ]
         return found
 
 
@@ -191,6 +220,19 @@ async def fresh_exec(sandbox: Sandbox, cmd: str, what: str, **kwargs: object) ->
         detail = (result.stderr or result.stdout).strip()[-500:]
         raise VerifierError(f"cannot {what} (exit code {result.exit_code}): {detail}")
     return result.stdout
+
+
+async def remove_setup_leftovers(sandbox: Sandbox, baseline: ProgramDigests | None) -> None:
+    """Remove what the test script sets up for itself and the agent left first
+    (`ProgramDigests.setup_leftovers`), before the tests: the tests' set-up makes its own.
+    One that cannot be removed (a link the agent made on the way) is `TamperError`."""
+    if baseline is None or not (paths := baseline.setup_leftovers()):
+        return
+    stdin = b"".join(p.encode(errors="surrogateescape") + b"\0" for p in paths)
+    behind = await fresh_exec(sandbox, _REMOVE_LEFTOVERS, "remove the agent's set-up", stdin=stdin)
+    _refuse(
+        [f"{p} (the tests' set-up, the agent's) cannot be removed" for p in behind.splitlines()]
+    )
 
 
 async def remove_bytecode(sandbox: Sandbox, changes: list[PathChange] | None) -> None:
