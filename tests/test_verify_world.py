@@ -19,6 +19,7 @@ import hashlib
 import io
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -804,3 +805,58 @@ async def test_the_agents_loader_cache_is_never_used(make_task) -> None:
     outcome = await _trial(task, Scripted("echo 42 > /app/answer.txt", POISONED_CACHE))
     assert outcome.error is None, outcome.error
     assert outcome.reward == 1.0, outcome
+
+
+# --- uv's own Pythons ------------------------------------------------------------------
+
+UV_TEST_SH = """\
+mkdir -p /logs/verifier
+echo "print(open('/app/answer.txt').read().strip())" > /tmp/check.py
+got=$(UV_PYTHON_DOWNLOADS=never UV_OFFLINE=1 uv run --no-project -p 3.11 python /tmp/check.py)
+echo "got $got"
+if [ "$got" = 42 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+# Where `uv python install` puts a Python, which uv prefers to the system's.
+MANAGED = "/root/.local/share/uv/python/cpython-3.11.2-linux-x86_64-gnu"
+# A Python there whose own start-up hook answers for the tests' script: its interpreter imports a hook
+# under another name (one string of the binary changed), from a standard library that is a
+# link to a folder of links (nothing in a folder named like Python's changed).
+FORGING_PYTHON = (
+    f"mkdir -p {MANAGED}/bin {MANAGED}/lib /tmp/stdlib && "
+    "for f in /usr/lib/python3.11/*; do case $f in *customize*) ;; *) ln -s $f /tmp/stdlib/;; esac; done && "
+    'printf \'import sys\\nif sys.argv[-1:] == ["/tmp/check.py"]:\\n'
+    "    print(42); sys.exit(0)\\n' > /tmp/stdlib/zitecustomize.py && "
+    f"ln -s /tmp/stdlib {MANAGED}/lib/python3.11 && ln -s python3.11 {MANAGED}/bin/python && "
+    "python3 -c \"import sys; d = open('/usr/bin/python3.11', 'rb').read(); "
+    f"open('{MANAGED}/bin/python3.11', 'wb').write(d.replace(b'sitecustomize', b'zitecustomize'))\" && "
+    f"chmod +x {MANAGED}/bin/python3.11"
+)
+
+
+def _uv_binary() -> Path:
+    found = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    assert found, "uv (the dev extra) is not installed"
+    return Path(found)
+
+
+@pytest.mark.parametrize(
+    ("plant", "answer", "expected"),
+    [("true", 42, 1.0), ("true", 41, 0.0), (FORGING_PYTHON, 41, 0.0)],
+    ids=["right", "wrong", "forging-python"],
+)
+async def test_the_tests_uv_never_runs_a_python_the_agent_installed(
+    make_task, plant, answer, expected
+) -> None:
+    """uv prefers its managed Pythons to the system's: the tests' uv looks for them in a
+    folder of the harness's, so a Python the agent put there (one whose binary imports a
+    start-up hook of the agent's, which scored 1.0 before) is never the tests'."""
+    dockerfile = "FROM clotho/base:bookworm\nCOPY uv /usr/local/bin/uv\n"
+    task = _patient(
+        make_task(
+            f"uv-{answer}-{len(plant)}", test_sh=UV_TEST_SH, env_files={"Dockerfile": dockerfile}
+        )
+    )
+    shutil.copy(_uv_binary(), task / "environment" / "uv")
+    outcome = await _trial(task, Scripted(f"echo {answer} > /app/answer.txt", plant))
+    assert outcome.error is None, outcome.error
+    assert outcome.reward == expected, outcome.verifier

@@ -62,11 +62,16 @@ BASE_PROGRAMS = (
 )  # fmt: skip
 # The verifier's own environment: no user site-packages the agent could have filled, and
 # installers' caches of the harness's (a wheel or environment the agent left in ~/.cache is
-# never what the tests' `pip install` or `uvx` run).
+# never what the tests' `pip install` or `uvx` run). uv prefers the Pythons it manages to
+# the system's and `uvx` a tool installed with `uv tool install`: the tests' uv looks for
+# both in folders of the harness's, so an interpreter the agent put where uv keeps its own
+# (a binary it changed, which no rule reads) is never the tests'.
 VERIFIER_ENV = {
     "PYTHONNOUSERSITE": "1",
     "PIP_NO_CACHE_DIR": "1",
     "UV_CACHE_DIR": "/logs/.uv-cache",
+    "UV_PYTHON_INSTALL_DIR": "/logs/.uv-python",
+    "UV_TOOL_DIR": "/logs/.uv-tools",
 }
 # Make /logs/verifier and /tests afresh: a link (or a non-folder) is removed, never
 # followed; a folder (maybe a mount point) is emptied (by rm -rf, which follows no link: not
