@@ -252,6 +252,8 @@ ATTACKS = {
     f"printf 'def pytest_sessionfinish(session):\\n    session.exitstatus = 0\\n' > {SITE}/passall.py && "
     f"printf '[pytest11]\\npassall = passall\\n' > {SITE}/passall-1.0.dist-info/entry_points.txt",
     "pip configuration": "printf '[global]\\nfind-links = /tmp/evil\\n' > /etc/pip.conf",
+    # pip also reads the configuration of its interpreter's prefix, after /etc's.
+    "pip prefix configuration": "printf '[global]\\nfind-links = /tmp/evil\\n' > /usr/pip.conf",
     "loader preload": "echo /tmp/x.so > /etc/ld.so.preload",
     "runner edited": f"echo 'import os; os._exit(0)' >> {SITE}/_pytest/main.py",
     # The runner's site folder swapped for a link to an edited copy: nothing in it is listed
@@ -273,6 +275,7 @@ NAMED = {
     "loader preload": "/etc/ld.so.preload",
     "runner edited": "_pytest/main.py",
     "pip configuration": "/etc/pip.conf",
+    "pip prefix configuration": "/usr/pip.conf",
     "site folder linked": f"{SITE} (a folder",
 }
 
@@ -786,6 +789,57 @@ async def test_a_library_whose_soname_is_the_images_is_never_linked_under_it(mak
     assert outcome.reward == 1.0, outcome
 
 
+HWCAPS = "/usr/local/lib/glibc-hwcaps/x86-64-v2"
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        f"mkdir -p {HWCAPS} && python3 - <<'EOF'\n{FAKE_LIBC}open('{HWCAPS}/libzz.so.6.x', 'wb').write(fake)\nEOF",
+        f"mkdir -p /opt/h/x86-64-v2 && python3 - <<'EOF'\n{FAKE_LIBC}open('/opt/h/x86-64-v2/libzz.so.6.x', 'wb').write(fake)\nEOF\n"
+        "ln -s /opt/h /usr/local/lib/glibc-hwcaps",
+    ],
+    ids=["any-name", "linked-folder"],
+)
+async def test_anything_where_the_loader_looks_first_is_tamper(make_task, plant: str) -> None:
+    """`ldconfig`, even `-X`, caches a hwcaps folder's library under the soname inside it
+    and the file's own name (`libzz.so.6.x` as libc.so.6): whatever the agent put at or
+    under a loader folder's hwcaps folders, of any name or type, is tamper."""
+    task = _task(make_task, f"hwcaps-{len(plant)}", ANSWER_TEST_SH)
+    outcome = await _trial(task, Scripted("echo 42 > /app/answer.txt", plant))
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome
+    assert "/usr/local/lib/glibc-hwcaps" in outcome.error.message, outcome.error.message
+
+
+# Ubuntu's `ldconfig` is a shell script that runs `ldconfig.real`.
+UBUNTU_LDCONFIG = DOCKERFILE + (
+    "RUN mv /usr/sbin/ldconfig /usr/sbin/ldconfig.real && "
+    "printf '#!/bin/sh\\nexec /usr/sbin/ldconfig.real \"$@\"\\n' > /usr/sbin/ldconfig && "
+    "chmod +x /usr/sbin/ldconfig\n"
+)
+# Replaced by a script that, run by the harness once the tests are unpacked, makes them pass
+# anything, then hands over to the real one.
+FORGED_LDCONFIG = (
+    "cp /usr/sbin/ldconfig.real /opt/ldc && "
+    'printf \'#!/bin/sh\\nsed -i "s/echo 0/echo 1/" /tests/test.sh 2>/dev/null\\nexec /opt/ldc "$@"\\n\''
+    " > /usr/sbin/ldconfig.real"
+)
+
+
+async def test_the_program_ubuntus_ldconfig_runs_is_checked(make_task) -> None:
+    """The harness runs `ldconfig` after unpacking the tests; on Ubuntu that script runs
+    `ldconfig.real`, which the agent replaced (it scored a wrong answer 1.0): tamper."""
+    task = _patient(
+        make_task(
+            "ubuntu-ldconfig", test_sh=ANSWER_TEST_SH, env_files={"Dockerfile": UBUNTU_LDCONFIG}
+        )
+    )
+    (task / "environment" / "site").mkdir()
+    outcome = await _trial(task, Scripted("echo 41 > /app/answer.txt", FORGED_LDCONFIG))
+    assert outcome.error is not None and outcome.error.kind == "tamper", outcome
+    assert "ldconfig.real" in outcome.error.message, outcome.error.message
+
+
 async def test_a_library_in_a_hwcaps_folder_is_tamper(make_task) -> None:
     """The loader prefers a system folder's glibc-hwcaps subfolder for a CPU with those
     features, cache or not: a library the agent put there is tamper."""
@@ -839,17 +893,31 @@ def _uv_binary() -> Path:
     return Path(found)
 
 
+# uv's system configuration, read before (and then instead of) /etc/uv/uv.toml: here one
+# that leaves uv no Python at all, so the honest answer would lose.
+XDG_UV_CONFIG = (
+    'mkdir -p /etc/xdg/uv && printf \'python-preference = "only-managed"\\n'
+    'python-downloads = "never"\\n\' > /etc/xdg/uv/uv.toml'
+)
+
+
 @pytest.mark.parametrize(
     ("plant", "answer", "expected"),
-    [("true", 42, 1.0), ("true", 41, 0.0), (FORGING_PYTHON, 41, 0.0)],
-    ids=["right", "wrong", "forging-python"],
+    [
+        ("true", 42, 1.0),
+        ("true", 41, 0.0),
+        (FORGING_PYTHON, 41, 0.0),
+        (XDG_UV_CONFIG, 42, 1.0),
+    ],
+    ids=["right", "wrong", "forging-python", "xdg-config"],
 )
 async def test_the_tests_uv_never_runs_a_python_the_agent_installed(
     make_task, plant, answer, expected
 ) -> None:
     """uv prefers its managed Pythons to the system's: the tests' uv looks for them in a
     folder of the harness's, so a Python the agent put there (one whose binary imports a
-    start-up hook of the agent's, which scored 1.0 before) is never the tests'."""
+    start-up hook of the agent's, which scored 1.0 before) is never the tests'; nor does it
+    read a system configuration outside the judged /etc/uv/uv.toml."""
     dockerfile = "FROM clotho/base:bookworm\nCOPY uv /usr/local/bin/uv\n"
     task = _patient(
         make_task(

@@ -69,6 +69,7 @@ PROGRAMS = (
     "stat",
     "patch",
     "ldconfig",  # rebuilds the loader's cache before the tests
+    "ldconfig.real",  # what Ubuntu's `ldconfig` (a shell script) runs
 )
 HARNESS_FILES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg")
 TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}

@@ -57,12 +57,14 @@ BASE_PROGRAMS = (
     "readlink",  # the check of where the agent's links land (`check_links`)
     "sleep",  # a verification twin's first process, in an image without a shell
     "ldconfig",  # rebuilds the loader's cache before the tests
+    "ldconfig.real",  # what Ubuntu's `ldconfig` (a shell script) runs
     "pip", "pip3", "curl", "apt-get", "apt", "dpkg",  # what test scripts install with
     *(f"python3.{m}" for m in range(8, 15)),  # `uvx -p 3.13` finds its interpreter on PATH
 )  # fmt: skip
 # The verifier's own environment: no user site-packages the agent could have filled, and
 # installers' caches of the harness's (a wheel or environment the agent left in ~/.cache is
-# never what the tests' `pip install` or `uvx` run). uv prefers the Pythons it manages to
+# never what the tests' `pip install` or `uvx` run), and their system configuration only
+# where it is judged. uv prefers the Pythons it manages to
 # the system's and `uvx` a tool installed with `uv tool install`: the tests' uv looks for
 # both in folders of the harness's, so an interpreter the agent put where uv keeps its own
 # (a binary it changed, which no rule reads) is never the tests'.
@@ -72,6 +74,9 @@ VERIFIER_ENV = {
     "UV_CACHE_DIR": "/logs/.uv-cache",
     "UV_PYTHON_INSTALL_DIR": "/logs/.uv-python",
     "UV_TOOL_DIR": "/logs/.uv-tools",
+    # uv reads the system configuration from the first of these that has one, before (and
+    # then instead of) /etc/uv/uv.toml, which is judged; pip reads /etc/xdg/pip too.
+    "XDG_CONFIG_DIRS": "/logs/.xdg",
 }
 # Make /logs/verifier and /tests afresh: a link (or a non-folder) is removed, never
 # followed; a folder (maybe a mount point) is emptied (by rm -rf, which follows no link: not
@@ -125,6 +130,7 @@ async def program_digests(task: Task, sandbox: Sandbox) -> ProgramDigests:
         files=files,
         harness_dirs=harness_dirs(sandbox),
         runner=list(BASE_PROGRAMS),
+        workdir=sandbox.workdir,
     )
     baseline.digests = await sandbox.digests(baseline.paths)
     return baseline

@@ -93,6 +93,9 @@ class ProgramDigests:
     # The runner's own programs (`uvx`): where the tests' set-up installs them, one the agent
     # left first is removed before the tests (`setup_leftovers`).
     runner: list[str] = field(default_factory=list)
+    # The tests' working directory: what the agent made there (a `venv/bin/activate` the
+    # tests source) is the work they judge, never a set-up leftover.
+    workdir: str | None = None
     # Host clock when taken: a start-up hook changed after it is the agent's (the sandbox
     # shares the host's clock; nobody in it can set a file's ctime back).
     taken_at: float = field(default_factory=time.time)
@@ -133,9 +136,11 @@ class ProgramDigests:
         file it sources (`source $HOME/.local/bin/env`, which an installer writes only when
         absent, so the agent's would run in the tests' shell) and a `runner` program in that
         file's folder (`uvx`, which a failed installer would leave as the agent's). The
-        tests' own set-up makes them again."""
-        found = [f for f in self.files if self.digests.get(f) is None]
-        for folder in dict.fromkeys(posixpath.dirname(f) for f in self.files):
+        tests' own set-up makes them again. Nothing under the workdir: that is the work."""
+        work = posixpath.join(self.workdir, "") if self.workdir else None
+        files = [f for f in self.files if work is None or not f.startswith(work)]
+        found = [f for f in files if self.digests.get(f) is None]
+        for folder in dict.fromkeys(posixpath.dirname(f) for f in files):
             found += [
                 path
                 for name in sorted(set(self.runner))
@@ -198,11 +203,18 @@ def named_paths(script: str, home: str = "/root") -> tuple[list[str], list[str]]
         path = posixpath.normpath(re.sub(r"^(?:\$HOME|\$\{HOME\}|~)", home, word))
         return path if path.startswith("/") and not path.startswith("//") else None
 
+    script = script.replace("${HOME}", "$HOME")  # its braces are no command group
     for piece in re.split(r"[;&|\n(){}`]|\$\(", script):
-        words = piece.split()
+        try:  # quotes removed as the shell removes them: `source "$HOME/.local/bin/env"`
+            words = shlex.split(piece, comments=True)
+        except ValueError:
+            words = piece.split()
+        while words and words[0] in _NOT_COMMANDS:  # `then source ...`, `do . ...`
+            words = words[1:]
         if len(words) > 1 and words[0] in ("source", ".") and (path := expand(words[1])):
             files.add(path)
-        for word in words:
+        # Folders named anywhere, inside a quoted command too (`bash -c "/opt/x/bin/y"`).
+        for word in {*words, *(w.strip("'\"") for w in piece.split())}:
             if (path := expand(word)) is None:
                 continue
             for folder in (posixpath.dirname(path), path):

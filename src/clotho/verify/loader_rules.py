@@ -60,16 +60,19 @@ _HWCAPS = re.compile(
 
 
 def hwcaps(changes: list[PathChange]) -> list[str]:
-    """The shared objects the agent added or changed in a loader folder's hwcaps folders."""
+    """Whatever the agent added or changed at or under a loader folder's hwcaps folders,
+    whatever its name or type: `ldconfig` (even `-X`) caches a library there under the
+    soname inside it, pointing at the file's own name, and a folder (or a link to one) is
+    where the loader looks."""
     found = []
     for change in changes:
-        if change.kind == "removed" or not _SHARED_OBJECT.match(posixpath.basename(change.path)):
+        if change.kind == "removed":
             continue
         for folder in LOADER_DIRS:
             inside = change.path.removeprefix(folder + "/")
             if inside != change.path and _HWCAPS.match("/" + inside):
                 found.append(
-                    f"{change.path} (a library the loader prefers to {folder}'s) {change.kind}"
+                    f"{change.path} (where the loader looks before {folder}) {change.kind}"
                 )
                 break
     return found

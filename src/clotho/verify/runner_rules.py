@@ -62,6 +62,7 @@ RUNNER_PACKAGES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "
 # `curl ... | sh`): where they fetch from is the runner's.
 _INSTALLER_CONFIG = re.compile(
     r"^(?:/etc/(?:pip\.conf|xdg/pip/pip\.conf|uv/uv\.toml|wgetrc|curlrc|apt/.+)"
+    r"|/usr(?:/local)?/pip\.conf"  # pip's configuration for its interpreter's prefix
     r"|/root/(?:\.config/(?:pip/pip\.conf|uv/uv\.toml)|\.pip/pip\.conf|\.curlrc|\.wgetrc"
     r"|\.pydistutils\.cfg|\.netrc))$"
 )
