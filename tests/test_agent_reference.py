@@ -95,11 +95,11 @@ async def test_oracle_time_limit(sandbox: Sandbox, tmp_path: Path) -> None:
         instruction="x",
         sandbox=sandbox,
         time_limit_s=0.5,
-        solution_dir=solution(tmp_path, "sleep 600\n"),
+        solution_dir=solution(tmp_path, "sleep 3600\n"),
     )
     result = await OracleAgent().run(ctx)
+    # The hour-long solution was stopped (a run that waited for it meets pytest's timeout).
     assert result.stop_reason == "time_limit"
-    assert result.duration_s < 300  # far below the solution's 600 s: it was stopped
     assert json.loads(result.messages[-1]["content"])["timed_out"] is True
 
 

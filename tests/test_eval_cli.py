@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -168,9 +167,10 @@ def test_filter_and_skip(make_task, tmp_path: Path) -> None:
 
 
 def test_task_timeout_stops_a_slow_agent(make_task, tmp_path: Path) -> None:
+    """The agent would sleep 600 s; `clotho` returns within the 300 s `run_clotho` allows
+    only if the 1 s task timeout stopped it, and the row says so."""
     make_task("slow", solve_sh="sleep 600\n")
     out = tmp_path / "run"
-    started = time.monotonic()
     proc = clotho(
         "eval",
         str(tmp_path / "tasks"),
@@ -182,7 +182,6 @@ def test_task_timeout_stops_a_slow_agent(make_task, tmp_path: Path) -> None:
         str(out),
     )
     assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - started < 300  # far below the agent's 600 s: it was stopped
     (row,) = results(out)
     assert row["passed"] is False
     assert row["error"]["kind"] == "agent" and "wall-clock" in row["error"]["message"]
