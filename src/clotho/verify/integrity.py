@@ -42,6 +42,11 @@ ALWAYS_WATCHED = (
     "/etc/ld.so.preload",
     *(f"{d}/{hook}" for d in _SITE_DIRS for hook in ("sitecustomize.py", "usercustomize.py")),
 )
+# The programs the kit's own checks run in the sandbox (`_INSPECT`, `_LAND`, `_REMOVE*`,
+# `_CHANGED_HOOKS`, reading a report): checked in every baseline, whatever a task format
+# lists, or a `grep` of the agent's first on PATH would read its own `.pth` as harmless
+# (an SWE instance's wrong answer scored 1.0 so).
+KIT_PROGRAMS = ("sh", "bash", "env", "grep", "find", "readlink", "rm", "head", "cat", "tail")
 # Words of a test script that name a file by its path (`source $HOME/.local/bin/env`, `/opt/x/run`).
 _PATH_WORD = re.compile(r"(?<![:\w/.])(?:\$HOME|\$\{HOME\}|~)?/[A-Za-z0-9_.+/-]+")
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
@@ -99,6 +104,9 @@ class ProgramDigests:
     # Host clock when taken: a start-up hook changed after it is the agent's (the sandbox
     # shares the host's clock; nobody in it can set a file's ctime back).
     taken_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.names = sorted({*self.names, *KIT_PROGRAMS})
 
     @property
     def paths(self) -> list[str]:
