@@ -24,6 +24,8 @@ and fixed by the programs themselves, not by the agent's spelling of a file:
 
 - where the installers a test script runs fetch from: pip's and uv's configuration, curl's
   and wget's, apt's (a package's own new apt configuration is dpkg's).
+- the modules the C library, OpenSSL, PAM and p11-kit load because a configuration names
+  them, and those configurations (`module_rules.py`).
 
 A virtual environment the agent made is the agent's work, judged like its programs when the
 tests run it; the image's interpreters are the runner. Only the site folders of a new folder
@@ -45,10 +47,12 @@ from __future__ import annotations
 import base64
 import posixpath
 import re
+import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from clotho.sandbox.base import PathChange, Sandbox
+from clotho.verify import module_rules
 from clotho.verify.loader_rules import LOADER_DIRS
 
 _PY_LIB = re.compile(r"^(?P<lib>/(?:.*/)?lib(?:64)?/python3(?:\.\d+)?)(?:/(?P<rest>.*))?$")
@@ -116,7 +120,7 @@ _JUDGED_FOLDERS = frozenset(
     {
         "/etc", "/usr", "/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local",
         "/usr/local/bin", "/usr/local/sbin", "/etc/ld.so.conf.d", "/etc/apt", "/etc/pip",
-        *LOADER_DIRS,
+        *LOADER_DIRS, *module_rules.FOLDERS,
     }
 )  # fmt: skip
 
@@ -151,6 +155,11 @@ def review(changes: list[PathChange], workdir: str = "/app") -> RunnerReview:
             )
         elif path in ROOT_RUNNER_FILES and kind != "removed":
             result.tampered.append(f"{path} (pytest's configuration above /tests) {kind}")
+        elif (verdict := module_rules.classify(path, kind)) is not None:
+            if isinstance(verdict, str):
+                result.tampered.append(verdict)
+            else:
+                result.inspect.append(verdict)
         elif _LOADER.match(path):
             if kind == "added" and not path.endswith(("preload", ".path")):
                 result.inspect.append(("dpkg", path))
@@ -343,6 +352,16 @@ async def inspect(
         for k, p in found.inspect
         if k == "dpkg" and p not in owned
     ]
+    for kind, path in found.inspect:
+        if kind in module_rules.CONTENT_KINDS:
+            quoted = shlex.quote(path)
+            text = await run(
+                sandbox,
+                f"if [ -f {quoted} ]; then head -c {module_rules.MAX_CONFIG_BYTES} -- {quoted}; fi",
+                f"read {path}",
+                b"",
+            )
+            tampered += module_rules.problems(kind, path, text)
     if code:
         digests = await sandbox.digests(sorted(code))
         for path in sorted(code):
