@@ -1,5 +1,5 @@
 """Which configurations let a test process load the agent's code (`module_rules`), read as
-the C library, OpenSSL and PAM read them. The verdicts on real containers are in
+the C library and PAM read them. The verdicts on real containers are in
 tests/test_verify_world.py; these are the parser's edges."""
 
 from __future__ import annotations
@@ -17,15 +17,18 @@ from clotho.verify.module_rules import MAX_CONFIG_BYTES, classify, problems
         ("/usr/lib/x86_64-linux-gnu/gconv/gconv-modules.d/x.conf", "added", "dpkg"),
         ("/usr/lib/x86_64-linux-gnu/ossl-modules/legacy.so", "changed", "tamper"),
         ("/usr/lib/x86_64-linux-gnu/engines-3", "changed", "tamper"),  # replaced by a link
+        ("/tools/deps/lib/ossl-modules/evil.so", "changed", "tamper"),  # any OpenSSL's
+        ("/usr/local/lib64/ossl-modules/legacy.so", "added", None),  # named by no pinned config
         ("/lib/x86_64-linux-gnu/security/pam_x.so", "added", "dpkg"),
         ("/etc/pkcs11/modules/x.module", "changed", "tamper"),
         ("/etc/gss/mech.d/x.conf", "added", "dpkg"),
+        ("/usr/local/cuda/lib64/libnss_x.so.2", "added", "dpkg"),  # any folder ld.so.conf lists
+        ("/app/build/libnss_x.so.2", "added", None),  # built in the workdir: the work
         ("/etc/nsswitch.conf", "changed", ("nss", "/etc/nsswitch.conf")),
         ("/etc/pam.d/common-auth", "added", ("pam", "/etc/pam.d/common-auth")),
-        ("/usr/lib/ssl/openssl.cnf", "changed", ("openssl", "/usr/lib/ssl/openssl.cnf")),
-        ("/opt/conda/ssl/openssl.cnf", "added", ("openssl", "/opt/conda/ssl/openssl.cnf")),
-        ("/etc/ssl/openssl.cnf", "removed", None),  # removing loads nothing
-        ("/app/certs/req.cnf", "added", None),  # an `openssl req -config` file of the work
+        ("/usr/lib/pam.d/su", "added", ("pam", "/usr/lib/pam.d/su")),  # PAM's fallback
+        ("/etc/ssl/openssl.cnf", "changed", None),  # the tests' libcrypto reads the image's
+        ("/etc/pam.d/su", "removed", None),  # removing loads nothing
         ("/usr/lib/x86_64-linux-gnu/libfoo.so.1", "added", None),  # the loader's rules
         ("/usr/local/lib/python3.11/dist-packages/security/x.py", "added", None),
     ],
@@ -46,25 +49,29 @@ def test_classify(path: str, kind: str, verdict) -> None:
         ("nss", "/etc/nsswitch.conf", "passwd: files systemd\nhosts: files dns\n", False),
         ("nss", "/etc/nsswitch.conf", "passwd: files [NOTFOUND=return] ../../tmp/m\n", True),
         ("nss", "/etc/nsswitch.conf", "# passwd: /x\npasswd: files\n", False),
-        ("nss", "/etc/nsswitch.conf", "passwd: files \\\n ../x\n", True),  # continued
+        ("nss", "/etc/nsswitch.conf", "passwd x/../evil files\n", True),  # no colon
+        ("nss", "/etc/nsswitch.conf", "passwd: files2\rx/../evil files\n", True),  # CR: a blank
         (
-            "openssl",
-            "/etc/ssl/openssl.cnf",
-            "[p]\ndefault = d\nlegacy = l\n[l]\nactivate = 1\n",
-            False,
-        ),
-        ("openssl", "/etc/ssl/openssl.cnf", "[c]\nmodule = /opt/p.so\n", True),
-        ("openssl", "/etc/ssl/openssl.cnf", "[c]\nmod\\\nule=/opt/p.so\n", True),  # continued
-        ("openssl", "/etc/ssl/openssl.cnf", "[c]\nMODULE = /opt/p.so\n", True),
-        ("openssl", "/etc/ssl/openssl.cnf", "[e]\nSO_PATH = /opt/e.so\n", True),
-        ("openssl", "/etc/ssl/openssl.cnf", "[i]\nengines = e\n", True),
-        ("openssl", "/etc/ssl/openssl.cnf", ".include /opt/more.cnf\n", True),
-        ("openssl", "/etc/ssl/openssl.cnf", ".include=/opt/more.cnf\n", True),
-        ("openssl", "/etc/ssl/openssl.cnf", "# module = /opt/p.so\n", False),
+            "nss",
+            "/etc/nsswitch.conf",
+            "# note \\\npasswd: x/../evil files\n",
+            True,
+        ),  # no continuation
         ("pam", "/etc/pam.d/other", "auth required pam_deny.so\n@include common-auth\n", False),
+        ("pam", "/etc/pam.d/login", "session optional pam_motd.so motd=/run/motd.dynamic\n", False),
         ("pam", "/etc/pam.d/other", "auth optional /tmp/p.so\n", True),
         ("pam", "/etc/pam.d/other", "-auth [success=1 default=ignore] /tmp/p.so\n", True),
+        ("pam", "/etc/pam.d/other", "auth [default=ok]/app/evil.so\n", True),  # no space
+        ("pam", "/etc/pam.d/other", "auth [a=b \\] c=d] /app/evil.so\n", True),  # escaped ]
         ("pam", "/etc/pam.d/other", "auth [success=1 default=ignore] pam_unix.so nullok\n", False),
+        (
+            "pam",
+            "/etc/pam.d/other",
+            "# x \\\nauth optional /app/evil.so\n",
+            True,
+        ),  # no continuation
+        ("pam", "/etc/pam.d/other", "auth optional \\  \n /app/evil.so\n", True),  # continued
+        ("pam", "/etc/pam.d/other", "session optional pam_exec.so /app/hook.sh\n", True),
         ("pam", "/etc/pam.d/other", "@include /tmp/evil\n", True),
         ("pam", "/etc/pam.d/other", "auth include /tmp/evil\n", True),
         ("pam", "/etc/pam.conf", "su auth optional /tmp/p.so\n", True),
@@ -79,4 +86,4 @@ def test_problems(kind: str, path: str, text: str, bad: bool) -> None:
 
 def test_a_configuration_too_large_to_read_whole_is_tamper() -> None:
     text = "# padding\n" * (MAX_CONFIG_BYTES // 10 + 1)
-    assert problems("openssl", "/etc/ssl/openssl.cnf", text)
+    assert problems("nss", "/etc/nsswitch.conf", text)

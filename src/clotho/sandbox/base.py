@@ -36,6 +36,12 @@ class ExecOptions(TypedDict, total=False):
     user: str | None
 
 
+# Without SHELL, bash looks its user up at start-up, and a lookup loads the name-service
+# modules `nsswitch.conf` names, which are the agent's to write: the harness's own shells
+# (the checks among them) look nobody up.
+FRESH_ENV = {"SHELL": "/bin/sh"}
+
+
 @dataclass(frozen=True)
 class FreshCall:
     """One `Sandbox.exec_fresh` call, as the backend's `_exec_fresh` receives it."""
@@ -138,7 +144,7 @@ class Sandbox(abc.ABC):
         `max_output_bytes`, so the harness's memory stays bounded whatever is printed.
 
         Backends implement `_exec_fresh`, which receives the call whole."""
-        call = FreshCall(cmd, timeout, env, cwd, stdin, max_output_bytes)
+        call = FreshCall(cmd, timeout, {**FRESH_ENV, **(env or {})}, cwd, stdin, max_output_bytes)
         return await self._exec_fresh(call)
 
     async def _exec_fresh(self, call: FreshCall) -> ExecResult:

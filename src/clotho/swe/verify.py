@@ -40,6 +40,7 @@ from clotho.verify.integrity import (
     check_links,
     fresh_exec,
     harness_dirs,
+    image_openssl_config,
     verification_world,
 )
 from clotho.verify.loader_rules import REBUILD_LOADER_CACHE
@@ -72,9 +73,16 @@ PROGRAMS = (
     "ldconfig.real",  # what Ubuntu's `ldconfig` (a shell script) runs
 )
 HARNESS_FILES = ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg")
-TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+# libcrypto reads the image's configuration, not the agent's (`integrity.OPENSSL_DEFAULTS`):
+# one of the agent's loads providers by path as soon as the tests import hashlib.
+OPENSSL_PIN = f"{WORK}/openssl.cnf"
+TEST_ENV = {
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    "OPENSSL_CONF": OPENSSL_PIN,
+}
 # A spec's command runs as its authors ran it: with the image's pytest plugins.
-LOG_TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+LOG_TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "OPENSSL_CONF": OPENSSL_PIN}
 
 
 def _path_dirs() -> list[str]:
@@ -90,6 +98,7 @@ async def program_baseline(sandbox: Sandbox) -> ProgramDigests:
         harness_dirs=harness_dirs(sandbox),
     )
     baseline.digests = await sandbox.digests(baseline.paths)
+    baseline.openssl_conf = await image_openssl_config(sandbox)
     return baseline
 
 
@@ -100,9 +109,13 @@ def _git_tar(snapshot: Path) -> bytes:
     return buffer.getvalue()
 
 
-def harness_tar(instance: SweInstance, snapshot: Path, restore: list[str]) -> bytes:
-    """runner/ (pytest, run_tests.py), git/ (pristine), ids.json, test.patch, restore.lst."""
+def harness_tar(
+    instance: SweInstance, snapshot: Path, restore: list[str], openssl_conf: bytes = b""
+) -> bytes:
+    """runner/ (pytest, run_tests.py), git/ (pristine), ids.json, test.patch, restore.lst,
+    openssl.cnf (the image's)."""
     files = {f"runner/{k}": v for k, v in runner_files().items()}
+    files["openssl.cnf"] = openssl_conf
     files["ids.json"] = json.dumps(instance.FAIL_TO_PASS + instance.PASS_TO_PASS).encode()
     files["test.patch"] = instance.test_patch.encode()
     files["restore.lst"] = "".join(f"{p}\n" for p in restore if "\n" not in p).encode()
@@ -398,7 +411,10 @@ async def _judge(
     testbed = options.testbed
     spec = registry(options.specs_files).resolve(instance)
     changes = world.changes
-    payload = await asyncio.to_thread(harness_tar, instance, snapshot, restore_list(instance))
+    openssl_conf = baseline.openssl_conf if baseline is not None else b""
+    payload = await asyncio.to_thread(
+        harness_tar, instance, snapshot, restore_list(instance), openssl_conf
+    )
     await _fresh(sandbox, _prepare_script(), "prepare the verifier's folder", stdin=payload)
     await _fresh(sandbox, _restore_script(testbed), "restore the test files", timeout=600.0)
     # A link of the agent's landing in the harness's folder would read its files as the code's.

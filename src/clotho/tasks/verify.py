@@ -35,8 +35,10 @@ from clotho.verify.integrity import (
     check_links,
     fresh_exec,
     harness_dirs,
+    image_openssl_config,
     named_commands,
     named_paths,
+    pin_openssl,
     remove_bytecode,
     remove_setup_leftovers,
     verification_world,
@@ -68,6 +70,7 @@ BASE_PROGRAMS = (
 # the system's and `uvx` a tool installed with `uv tool install`: the tests' uv looks for
 # both in folders of the harness's, so an interpreter the agent put where uv keeps its own
 # (a binary it changed, which no rule reads) is never the tests'.
+OPENSSL_PIN = "/logs/.openssl.cnf"
 VERIFIER_ENV = {
     "PYTHONNOUSERSITE": "1",
     "PIP_NO_CACHE_DIR": "1",
@@ -77,6 +80,8 @@ VERIFIER_ENV = {
     # uv reads the system configuration from the first of these that has one, before (and
     # then instead of) /etc/uv/uv.toml, which is judged; pip reads /etc/xdg/pip too.
     "XDG_CONFIG_DIRS": "/logs/.xdg",
+    # libcrypto reads the image's configuration, not the agent's (`pin_openssl`).
+    "OPENSSL_CONF": OPENSSL_PIN,
 }
 # Make /logs/verifier and /tests afresh: a link (or a non-folder) is removed, never
 # followed; a folder (maybe a mount point) is emptied (by rm -rf, which follows no link: not
@@ -133,6 +138,7 @@ async def program_digests(task: Task, sandbox: Sandbox) -> ProgramDigests:
         workdir=sandbox.workdir,
     )
     baseline.digests = await sandbox.digests(baseline.paths)
+    baseline.openssl_conf = await image_openssl_config(sandbox)
     return baseline
 
 
@@ -261,6 +267,7 @@ async def _judge(
     await remove_bytecode(world, changes)  # derived: compiled again
     await remove_setup_leftovers(world, baseline)  # the tests' set-up makes its own
     await fresh_exec(world, _PREPARE, "prepare /tests and the reward folder", stdin=tests)
+    await pin_openssl(world, baseline, OPENSSL_PIN)
     await check_links(world, baseline, changes, HARNESS_ROOTS, FRESH_ROOTS)
     if before_tests is not None:
         await before_tests()

@@ -47,6 +47,18 @@ ALWAYS_WATCHED = (
 # lists, or a `grep` of the agent's first on PATH would read its own `.pth` as harmless
 # (an SWE instance's wrong answer scored 1.0 so).
 KIT_PROGRAMS = ("sh", "bash", "env", "grep", "find", "readlink", "rm", "head", "cat", "tail")
+# Where OpenSSL reads its configuration by default (Debian's OPENSSLDIR, Alpine's and
+# python-build-standalone's, Fedora's, a build in /usr/local): the first the image has, as
+# it was before the agent, is what every test process's libcrypto reads (`OPENSSL_CONF`,
+# `pin_openssl`). A configuration loads providers and engines by path as soon as a process
+# initialises libcrypto (`import hashlib`); the agent's edits stay the work's to read.
+OPENSSL_DEFAULTS = (
+    "/usr/lib/ssl/openssl.cnf",
+    "/etc/ssl/openssl.cnf",
+    "/etc/pki/tls/openssl.cnf",
+    "/usr/local/ssl/openssl.cnf",
+)
+OPENSSL_MAX_BYTES = 1 << 20
 # Words of a test script that name a file by its path (`source $HOME/.local/bin/env`, `/opt/x/run`).
 _PATH_WORD = re.compile(r"(?<![:\w/.])(?:\$HOME|\$\{HOME\}|~)?/[A-Za-z0-9_.+/-]+")
 _COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
@@ -104,6 +116,8 @@ class ProgramDigests:
     # Host clock when taken: a start-up hook changed after it is the agent's (the sandbox
     # shares the host's clock; nobody in it can set a file's ctime back).
     taken_at: float = field(default_factory=time.time)
+    # The image's OpenSSL configuration (`image_openssl_config`), empty when it has none.
+    openssl_conf: bytes = b""
 
     def __post_init__(self) -> None:
         self.names = sorted({*self.names, *KIT_PROGRAMS})
@@ -240,6 +254,26 @@ async def fresh_exec(sandbox: Sandbox, cmd: str, what: str, **kwargs: object) ->
         detail = (result.stderr or result.stdout).strip()[-500:]
         raise VerifierError(f"cannot {what} (exit code {result.exit_code}): {detail}")
     return result.stdout
+
+
+async def image_openssl_config(sandbox: Sandbox) -> bytes:
+    """The first of `OPENSSL_DEFAULTS` the sandbox has (read before the agent starts), or
+    nothing: OpenSSL's defaults, which load no code."""
+    for path in OPENSSL_DEFAULTS:
+        try:
+            return await sandbox.read_file(path, max_bytes=OPENSSL_MAX_BYTES)
+        except OSError:  # missing, a folder, too large: the next place
+            continue
+    return b""
+
+
+async def pin_openssl(world: Sandbox, baseline: ProgramDigests | None, path: str) -> None:
+    """Write the image's OpenSSL configuration to `path` (a harness folder's, made afresh),
+    which the tests' `OPENSSL_CONF` names."""
+    config = baseline.openssl_conf if baseline is not None else b""
+    await fresh_exec(
+        world, f"cat > {shlex.quote(path)}", "pin OpenSSL's configuration", stdin=config
+    )
 
 
 async def remove_setup_leftovers(sandbox: Sandbox, baseline: ProgramDigests | None) -> None:

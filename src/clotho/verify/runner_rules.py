@@ -155,7 +155,7 @@ def review(changes: list[PathChange], workdir: str = "/app") -> RunnerReview:
             )
         elif path in ROOT_RUNNER_FILES and kind != "removed":
             result.tampered.append(f"{path} (pytest's configuration above /tests) {kind}")
-        elif (verdict := module_rules.classify(path, kind)) is not None:
+        elif (verdict := module_rules.classify(path, kind, workdir)) is not None:
             if isinstance(verdict, str):
                 result.tampered.append(verdict)
             else:
@@ -282,10 +282,17 @@ while IFS= read -r -d '' item; do
       [ -f "$p" ] && grep -D skip -q '^\[pytest11\]' -- "$p" || continue
       printf 'code\t%s\0' "$p"
       site_of "$p"; records "$site" "$rel" ;;
-    dpkg)
+    dpkg)  # on a merged /usr, dpkg may list the file under /lib, /bin or /sbin
+      alias=$p
+      case $p in
+        /usr/lib/*|/usr/lib64/*|/usr/lib32/*|/usr/bin/*|/usr/sbin/*)
+          [ "$(readlink -f /lib)" = /usr/lib ] && alias=${p#/usr} ;;
+        /lib/*|/lib64/*|/lib32/*|/bin/*|/sbin/*)
+          [ "$(readlink -f /lib)" = /usr/lib ] && alias=/usr$p ;;
+      esac
       for l in /var/lib/dpkg/info/*.list; do
         [ -f "$l" ] || continue
-        if grep -D skip -qxF -- "$p" "$l"; then printf 'owned\t%s\0' "$p"; break; fi
+        if grep -D skip -qxF -e "$p" -e "$alias" -- "$l"; then printf 'owned\t%s\0' "$p"; break; fi
       done ;;
   esac
 done
