@@ -73,6 +73,20 @@ def test_classify(path: str, kind: str, verdict) -> None:
         ("pam", "/etc/pam.d/other", "auth optional \\  \n /app/evil.so\n", True),  # continued
         ("pam", "/etc/pam.d/other", "session optional pam_exec.so /app/hook.sh\n", True),
         ("pam", "/etc/pam.d/other", "@include /tmp/evil\n", True),
+        # A module of the image's module folder by its full path (old guides): that file is
+        # judged where it is.
+        (
+            "pam",
+            "/etc/pam.d/other",
+            "auth required /lib/x86_64-linux-gnu/security/pam_unix.so\n",
+            False,
+        ),
+        (
+            "pam",
+            "/etc/pam.d/other",
+            "auth required /lib/x86_64-linux-gnu/security/../../../tmp/p.so\n",
+            True,
+        ),
         ("pam", "/etc/pam.d/other", "auth include /tmp/evil\n", True),
         ("pam", "/etc/pam.conf", "su auth optional /tmp/p.so\n", True),
         ("pam", "/etc/pam.conf", "su auth required pam_unix.so\n", False),
@@ -82,6 +96,14 @@ def test_problems(kind: str, path: str, text: str, bad: bool) -> None:
     found = problems(kind, path, text)
     assert bool(found) == bad, found
     assert all(path in reason for reason in found)
+
+
+def test_a_configuration_made_a_link_is_tamper() -> None:
+    """A link to /proc/self/cwd/x names another file for each reader: the check's and the
+    tests' would read different ones."""
+    for path in ("/etc/nsswitch.conf", "/etc/pam.d/su"):
+        verdict = classify(path, "changed", link=True)
+        assert isinstance(verdict, str) and path in verdict, verdict
 
 
 def test_a_configuration_too_large_to_read_whole_is_tamper() -> None:

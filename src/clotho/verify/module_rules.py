@@ -43,23 +43,26 @@ _MODULE_CONFIG = re.compile(
 )
 # PAM reads /etc/pam.d/<service>, else /usr/lib/pam.d/<service>.
 _PAM_CONFIG = re.compile(r"^/(?:etc/pam\.conf|etc/pam\.d/.+|usr/lib/pam\.d/.+)$")
+_IMAGE_PAM_MODULE = re.compile(rf"^{_LIB_ROOT}/security/[^/]+$")
 FOLDERS = ("/etc/pam.d",)  # judged when replaced by a link
 CONTENT_KINDS = ("nss", "pam")
 # What a content check reads of a file; a larger one is judged by its size alone.
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def classify(path: str, kind: str, workdir: str = "/app") -> tuple[str, str] | str | None:
+def classify(
+    path: str, kind: str, workdir: str = "/app", link: bool = False
+) -> tuple[str, str] | str | None:
     """A change's verdict: a reason it is tamper, an item to inspect (`("dpkg", path)`, or
     a content kind), or None when no rule here reads it. Removals load nothing (PAM then
     reads /usr/lib/pam.d, judged as /etc/pam.d); a module built in the workdir is the work
     (no loader folder of the image is there)."""
     if kind == "removed" or path.startswith(workdir.rstrip("/") + "/"):
         return None
-    if path == "/etc/nsswitch.conf":
-        return ("nss", path)
-    if _PAM_CONFIG.match(path):
-        return ("pam", path)
+    if path == "/etc/nsswitch.conf" or _PAM_CONFIG.match(path):
+        if link:  # what a link names may depend on who reads it (/proc/self/cwd/...)
+            return f"{path} (a configuration that names modules, made a link) {kind}"
+        return ("nss" if path == "/etc/nsswitch.conf" else "pam", path)
     if _OPENSSL_MODULES.search(path):
         return f"{path} (a module of OpenSSL's) {kind}" if kind == "changed" else None
     if _MODULE_FOLDERS.match(path) or _NSS_MODULE.search(path):
@@ -133,6 +136,8 @@ def _pam(text: str, path: str) -> list[str]:
         if not target:
             continue
         module = target[0]
+        if _IMAGE_PAM_MODULE.match(module):
+            continue  # a module folder's, by its full path: judged as that folder's file
         if "/" in module:
             found.append(f"{module!r} is loaded by path")
         elif module.startswith("pam_exec"):

@@ -155,7 +155,7 @@ def review(changes: list[PathChange], workdir: str = "/app") -> RunnerReview:
             )
         elif path in ROOT_RUNNER_FILES and kind != "removed":
             result.tampered.append(f"{path} (pytest's configuration above /tests) {kind}")
-        elif (verdict := module_rules.classify(path, kind, workdir)) is not None:
+        elif (verdict := module_rules.classify(path, kind, workdir, change.link)) is not None:
             if isinstance(verdict, str):
                 result.tampered.append(verdict)
             else:
