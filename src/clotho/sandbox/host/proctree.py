@@ -85,6 +85,17 @@ def descendants(
     return found
 
 
+def running(pid: int) -> bool:
+    """Whether `pid` exists and is neither a zombie nor dead (a child not yet reaped is a
+    zombie: ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[:1] not in ([b"Z"], [b"X"], [])
+
+
 def comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:

@@ -444,7 +444,15 @@ class BwrapSandbox(FolderTransferSandbox):
         """A limit the command hit is a note on its stderr, or LimitExceeded when it ended
         the sandbox (`SandboxLimits.guard`)."""
         self._check_live()  # a stopped or closed sandbox says so, whatever limit it hit
-        return await self.limits.guard(super().exec(cmd, **options))
+        return await self.limits.guard(self._exec_while_running(cmd, **options))
+
+    async def _exec_while_running(self, cmd: str, **options: Unpack[ExecOptions]) -> ExecResult:
+        """Only while bubblewrap itself runs. Killed from outside (the OOM killer), its
+        sandbox dies with it, but the shell inside may answer once more before the kernel
+        gets to it: a health check must not hand out a sandbox that is ending."""
+        if (outer := self._shell.pid) is not None and not proctree.running(outer):
+            raise SandboxError("the sandbox's bubblewrap has ended (killed from outside?)")
+        return await super().exec(cmd, **options)
 
     async def _transfer(self, script: str, what: str, limit: int = 0) -> ExecResult:
         self._check_live()
