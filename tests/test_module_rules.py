@@ -31,6 +31,12 @@ from clotho.verify.module_rules import MAX_CONFIG_BYTES, classify, problems
         ("/etc/pam.d/su", "removed", None),  # removing loads nothing
         ("/usr/lib/x86_64-linux-gnu/libfoo.so.1", "added", None),  # the loader's rules
         ("/usr/local/lib/python3.11/dist-packages/security/x.py", "added", None),
+        ("/etc/environment", "changed", ("env", "/etc/environment")),
+        ("/etc/default/locale", "added", ("env", "/etc/default/locale")),
+        ("/etc/security/pam_env.conf", "changed", ("env", "/etc/security/pam_env.conf")),
+        ("/root/.pam_environment", "added", ("env", "/root/.pam_environment")),
+        ("/etc/environment", "removed", None),
+        ("/etc/default/grub", "changed", None),
     ],
 )
 def test_classify(path: str, kind: str, verdict) -> None:
@@ -90,6 +96,42 @@ def test_classify(path: str, kind: str, verdict) -> None:
         ("pam", "/etc/pam.d/other", "auth include /tmp/evil\n", True),
         ("pam", "/etc/pam.conf", "su auth optional /tmp/p.so\n", True),
         ("pam", "/etc/pam.conf", "su auth required pam_unix.so\n", False),
+        # pam_env reads only the environment files judged by their content.
+        (
+            "pam",
+            "/etc/pam.d/su",
+            "session required pam_env.so readenv=1 envfile=/etc/default/locale\n",
+            False,
+        ),
+        ("pam", "/etc/pam.d/su", "session required pam_env.so envfile=/app/env\n", True),
+        ("pam", "/etc/pam.d/su", "session required pam_env.so [conffile=/tmp/c]\n", True),
+        ("pam", "/etc/pam.d/su", "session required pam_env.so user_envfile=.x\n", True),
+        (
+            "pam",
+            "/etc/pam.d/su",
+            "session required /lib/x86_64-linux-gnu/security/pam_env.so envfile=/app/e\n",
+            True,
+        ),  # the image's module by its full path, reading the agent's file
+        # An environment file sets a locale, a time zone and the system's PATH, nothing else.
+        ("env", "/etc/default/locale", "LANG=C.UTF-8\nexport LC_ALL=C.UTF-8\n", False),
+        ("env", "/etc/environment", 'TZ="Europe/Paris"\n# LD_PRELOAD=/x\n', False),
+        (
+            "env",
+            "/etc/environment",
+            'PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/snap/bin"\n',
+            False,
+        ),  # Ubuntu's
+        ("env", "/etc/environment", "LD_PRELOAD=/tmp/p.so\n", True),
+        ("env", "/etc/environment", "export PYTHONPATH=/app\n", True),
+        ("env", "/etc/environment", "PATH=/app/bin:/usr/bin\n", True),
+        ("env", "/etc/environment", "LANG=../../app/x\n", True),
+        ("env", "/etc/environment", "LANG=C \\\nLD_PRELOAD=/tmp/p.so\n", True),  # continued
+        ("env", "/etc/environment", "# x \\\nLD_PRELOAD=/tmp/p.so\n", True),  # either way
+        ("env", "/etc/environment", "LANG=C\rLD_PRELOAD=/tmp/p.so\n", True),
+        ("env", "/etc/security/pam_env.conf", "LANG DEFAULT=C.UTF-8\n", False),
+        ("env", "/etc/security/pam_env.conf", "LD_PRELOAD DEFAULT=/tmp/p.so\n", True),
+        ("env", "/etc/security/pam_env.conf", "PATH DEFAULT=/app:/usr/bin\n", True),
+        ("env", "/root/.pam_environment", "BASH_ENV=/app/x\n", True),
     ],
 )
 def test_problems(kind: str, path: str, text: str, bad: bool) -> None:
@@ -101,7 +143,7 @@ def test_problems(kind: str, path: str, text: str, bad: bool) -> None:
 def test_a_configuration_made_a_link_is_tamper() -> None:
     """A link to /proc/self/cwd/x names another file for each reader: the check's and the
     tests' would read different ones."""
-    for path in ("/etc/nsswitch.conf", "/etc/pam.d/su"):
+    for path in ("/etc/nsswitch.conf", "/etc/pam.d/su", "/etc/environment"):
         verdict = classify(path, "changed", link=True)
         assert isinstance(verdict, str) and path in verdict, verdict
 

@@ -960,6 +960,18 @@ MODULE_PLANTS = {
         "mkdir -p /etc/pkcs11/modules && echo 'module: /tmp/p.so' > /etc/pkcs11/modules/x.module",
         "/etc/pkcs11/modules/x.module",
     ),
+    # The environment pam_env gives the tests' `su -`: every program of that session
+    # preloads the agent's library.
+    "environment": (
+        f"cp {LIBZ} /tmp/p.so && echo 'LD_PRELOAD=/tmp/p.so' >> /etc/environment",
+        "/etc/environment",
+    ),
+    "locale": ("echo 'export PYTHONPATH=/app' >> /etc/default/locale", "/etc/default/locale"),
+    "pam-env": (
+        "echo 'PATH=/app:/usr/bin' > /app/e && "
+        "echo 'session required pam_env.so envfile=/app/e' >> /etc/pam.d/su",
+        "/etc/pam.d/su",
+    ),
 }
 
 
@@ -968,7 +980,8 @@ async def test_a_module_a_configuration_loads_is_tamper(make_task, plant: str) -
     """A library the C library, PAM or p11-kit loads because a configuration names it runs
     inside the test process that looks up a user or runs apt-get (an NSS module whose
     constructor made pytest exit 0 scored a wrong answer 1.0): one the agent put there, or
-    named by path, is tamper, whatever the answer."""
+    named by path, is tamper, whatever the answer; so is an environment for PAM sessions
+    that sets more than a locale, a time zone or the system's PATH."""
     command, named = MODULE_PLANTS[plant]
     task = _task(make_task, f"module-{plant}", ANSWER_TEST_SH)
     outcome = await _trial(task, Scripted("echo 42 > /app/answer.txt", command))
@@ -981,12 +994,14 @@ HONEST_CONFIG = (
     "sed -i 's/^\\[openssl_init\\]/[openssl_init]\\nproviders = ps/' /etc/ssl/openssl.cnf && "
     "printf '[ps]\\ndefault = d\\nlegacy = l\\n[d]\\nactivate = 1\\n[l]\\nactivate = 1\\n'"
     " >> /etc/ssl/openssl.cnf && echo 'session optional pam_umask.so' >> /etc/pam.d/other"
+    " && echo 'LANG=C.UTF-8' >> /etc/default/locale"
 )
 
 
 async def test_configuring_services_the_images_way_is_judged(make_task) -> None:
     """Name services in another order, OpenSSL's legacy provider activated by name, a PAM
-    module of the image's: the task's business, and the answer is judged."""
+    module of the image's, a default locale: the task's business, and the answer is
+    judged."""
     task = _task(make_task, "module-honest", ANSWER_TEST_SH)
     outcome = await _trial(task, Scripted("echo 42 > /app/answer.txt", HONEST_CONFIG))
     assert outcome.error is None, outcome.error
