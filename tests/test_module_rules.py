@@ -36,6 +36,8 @@ from clotho.verify.module_rules import MAX_CONFIG_BYTES, classify, problems
         ("/etc/security/pam_env.conf", "changed", ("env", "/etc/security/pam_env.conf")),
         ("/root/.pam_environment", "added", ("env", "/root/.pam_environment")),
         ("/etc/environment", "removed", None),
+        ("/app/.pam_environment", "added", ("env", "/app/.pam_environment")),  # a home there
+        ("/usr/lib/environment.d/99-environment.conf", "added", None),  # systemd's link
         ("/etc/default/grub", "changed", None),
     ],
 )
@@ -96,6 +98,27 @@ def test_classify(path: str, kind: str, verdict) -> None:
         ("pam", "/etc/pam.d/other", "auth include /tmp/evil\n", True),
         ("pam", "/etc/pam.conf", "su auth optional /tmp/p.so\n", True),
         ("pam", "/etc/pam.conf", "su auth required pam_unix.so\n", False),
+        # Read otherwise by PAM than by a simple reading: refused.
+        (
+            "pam",
+            "/etc/pam.d/su",
+            "session optional \\\n\n# note\npam_exec.so /tmp/hook.sh\n",
+            True,
+        ),  # PAM joins across blank and comment lines
+        ("pam", "/etc/pam.d/su", "session required pam_env.so envfile=/etc/environment[d]\n", True),
+        (
+            "pam",
+            "/etc/pam.d/su",
+            "session required pam_env.so envfile=/etc/environment\x0bd\n",
+            True,
+        ),
+        (
+            "pam",
+            "/etc/pam.d/su",
+            "session optional pam_permit.so" + " " * 1000 + "session optional pam_exec.so /x\n",
+            True,
+        ),  # PAM reads 1023 bytes at a time: the rest is a line of its own
+        ("pam", "/etc/pam.d/su", "session required pam_env.so readenv=1 user_readenv=1\n", False),
         # pam_env reads only the environment files judged by their content.
         (
             "pam",
@@ -128,10 +151,24 @@ def test_classify(path: str, kind: str, verdict) -> None:
         ("env", "/etc/environment", "LANG=C \\\nLD_PRELOAD=/tmp/p.so\n", True),  # continued
         ("env", "/etc/environment", "# x \\\nLD_PRELOAD=/tmp/p.so\n", True),  # either way
         ("env", "/etc/environment", "LANG=C\rLD_PRELOAD=/tmp/p.so\n", True),
+        ("env", "/etc/environment", "LANG\tLD_PRELOAD=x.so\n", True),  # the name is all before =
+        ("env", "/etc/environment", "LANGUAGE=en_US:en\nLC_TIME=C.UTF-8\n", False),
+        ("env", "/etc/environment", "PATH=/usr/bin:\n", True),  # an empty entry: the cwd
         ("env", "/etc/security/pam_env.conf", "LANG DEFAULT=C.UTF-8\n", False),
         ("env", "/etc/security/pam_env.conf", "LD_PRELOAD DEFAULT=/tmp/p.so\n", True),
         ("env", "/etc/security/pam_env.conf", "PATH DEFAULT=/app:/usr/bin\n", True),
         ("env", "/root/.pam_environment", "BASH_ENV=/app/x\n", True),
+        # Expanded, a locale's value is whatever another variable holds.
+        ("env", "/etc/security/pam_env.conf", "LC_ALL DEFAULT=${TZ}\n", True),
+        ("env", "/etc/security/pam_env.conf", "LANGUAGE DEFAULT=@{HOME}\n", True),
+        ("env", "/etc/default/locale", "LANG=de_DE@euro\n", False),
+        ("env", "/etc/environment", "LANGUAGE=\\\n#\nTZ=/x\n", True),  # continued
+        ("env", "/etc/environment", "\\\nLD_PRELOAD=x.so\n", True),  # a lone backslash too
+        # A comment never continues (the image's pam_env.conf has one ending in `\`).
+        ("env", "/etc/security/pam_env.conf", "#PATH DEFAULT=${HOME}/bin:/bin\\\n", False),
+        ("pam", "/etc/pam.d/su", "# a \\\nauth required pam_unix.so # b \\\n", False),
+        ("env", "/etc/environment", "PATH=/usr/bin:/bin\r\nLANG=C\r\n", False),  # CRLF
+        ("env", "/etc/environment", "LANG=C\x0bLD_PRELOAD=x.so\n", True),
     ],
 )
 def test_problems(kind: str, path: str, text: str, bad: bool) -> None:

@@ -956,6 +956,11 @@ MODULE_PLANTS = {
         f"cp {LIBZ} /tmp/p.so && echo 'auth [default=ok]/tmp/p.so' >> /etc/pam.d/other",
         "/etc/pam.d/other",
     ),
+    # PAM joins a continued line across a blank line: the module is the second line's.
+    "pam-continued": (
+        f"cp {LIBZ} /tmp/p.so && printf 'auth optional \\\\\\n\\n/tmp/p.so\\n' >> /etc/pam.d/other",
+        "/etc/pam.d/other",
+    ),
     "p11-kit": (
         "mkdir -p /etc/pkcs11/modules && echo 'module: /tmp/p.so' > /etc/pkcs11/modules/x.module",
         "/etc/pkcs11/modules/x.module",

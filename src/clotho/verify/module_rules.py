@@ -16,8 +16,10 @@ So:
   them (`problems`): `nsswitch.conf` names services by plain names (a `/` anywhere before a
   comment is a path the C library would open), PAM names its modules and includes by plain
   names and runs no program of the agent's (`pam_exec`), and its `pam_env` reads only the
-  environment files judged here. Editing them otherwise (another service order, a module of
-  the image's) is the task's business;
+  environment files judged here; a file PAM could read otherwise than this module (a
+  continued line, a control character, a long line, a bracket inside a word) is refused.
+  Editing them otherwise (another service order, a module of the image's) is the task's
+  business;
 - the environment PAM gives a session (`pam_env`: `/etc/environment`, Debian's
   `/etc/default/locale`, `pam_env.conf`, `~/.pam_environment`) reaches every process the
   tests start through `su -` or `login`: an `LD_PRELOAD`, `PYTHONPATH` or `PATH` there runs
@@ -53,10 +55,11 @@ _MODULE_CONFIG = re.compile(
 _PAM_CONFIG = re.compile(r"^/(?:etc/pam\.conf|etc/pam\.d/.+|usr/lib/pam\.d/.+)$")
 _IMAGE_PAM_MODULE = re.compile(rf"^{_LIB_ROOT}/security/[^/]+$")
 # The environment files pam_env reads (its defaults, Debian's `envfile=`, the vendor and
-# drop-in folders of builds with libeconf) and a user's own (`user_readenv=1`).
+# drop-in folders of builds with libeconf) and a user's own (`user_readenv=1`); not
+# systemd's environment.d (its /usr/lib one is a link to /etc/environment).
 _ENV_FILE = re.compile(
-    r"^/(?:etc|usr/etc|usr/lib|usr/share)/(?:environment|security/pam_env\.conf)(?:\.d/[^/]+)?$"
-    r"|^/etc/default/locale$|/\.pam_environment$"
+    r"^/(?:etc|usr/etc)/(?:environment|security/pam_env\.conf)(?:\.d/[^/]+)?$"
+    r"|^/usr/share/security/pam_env\.conf$|^/etc/default/locale$|/\.pam_environment$"
 )
 # What an environment file may set: a locale, a time zone, a PATH of system folders.
 _ENV_NAMES = re.compile(r"LANG|LANGUAGE|LC_[A-Z_]+|TZ")
@@ -80,8 +83,10 @@ def classify(
     """A change's verdict: a reason it is tamper, an item to inspect (`("dpkg", path)`, or
     a content kind), or None when no rule here reads it. Removals load nothing (PAM then
     reads /usr/lib/pam.d, judged as /etc/pam.d); a module built in the workdir is the work
-    (no loader folder of the image is there)."""
-    if kind == "removed" or path.startswith(workdir.rstrip("/") + "/"):
+    (no loader folder of the image is there), but not a `.pam_environment`."""
+    in_workdir = path.startswith(workdir.rstrip("/") + "/")
+    # A home may be in the workdir (a user's ~/.pam_environment, read with user_readenv=1).
+    if kind == "removed" or (in_workdir and not path.endswith("/.pam_environment")):
         return None
     if path == "/etc/nsswitch.conf" or _PAM_CONFIG.match(path) or _ENV_FILE.search(path):
         if link:  # what a link names may depend on who reads it (/proc/self/cwd/...)
@@ -111,31 +116,34 @@ def _nss(text: str) -> list[str]:
     return found
 
 
+# Linux-PAM and pam_env alike join a line ending in a backslash (a comment line never
+# continues, nor one with a `#` in it) to the next line that is not blank or a comment.
+_CONTINUED = (re.compile(r"^[ \t]*(?:[^ \t\n#][^#\n]*)?\\[ \t\r]*$", re.M), "a continued line")
+# A PAM line Linux-PAM could read otherwise than `_pam_words` (it reads 1023 bytes at a time,
+# splits on blanks and newlines only, and a `[` opens a bracket only where a word starts) is
+# refused, not guessed at; so is an environment file's line pam_env could.
+_PAM_UNUSUAL = (
+    (re.compile(r"[\r\v\f\0]"), "a control character"),
+    (re.compile(r"^.{1000}", re.M), "a line of 1000 characters or more"),
+    _CONTINUED,
+)
+_ENV_UNUSUAL = ((re.compile(r"[\v\f\0]"), "a control character"), _CONTINUED)
+
+
 def _pam_lines(text: str) -> list[str]:
-    """Lines as Linux-PAM assembles them: a comment ends the line (and its continuation); a
-    backslash at the end, trailing blanks after it allowed, continues it."""
-    lines, pending = [], ""
-    for raw in text.split("\n"):
-        if "#" in raw:
-            lines.append(pending + raw.split("#", 1)[0])
-            pending = ""
-            continue
-        stripped = raw.rstrip(" \t\r")
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        lines.append(pending + raw)
-        pending = ""
-    return [*lines, pending] if pending else lines
+    """Lines as Linux-PAM reads them where nothing in `_PAM_UNUSUAL` is found: a comment
+    runs from `#` to the end of the line."""
+    return [raw.split("#", 1)[0] for raw in text.split("\n")]
 
 
-def _pam_words(line: str) -> list[str]:
-    """Words as Linux-PAM splits them: blanks separate, and a `[...]` (escaped `\\]`
-    inside) is one word however it is spaced, ended by its `]`."""
-    words: list[str] = []
+def _pam_words(line: str) -> list[str | None]:
+    """Words as Linux-PAM splits them: blanks separate, and a `[...]` (escaped `\\]` inside)
+    at a word's start is one word however it is spaced, ended by its `]`. None stands for a
+    `[` inside a word, which PAM's argument reader may split otherwise."""
+    words: list[str | None] = []
     i, n = 0, len(line)
     while i < n:
-        if line[i] in " \t\r\v\f":
+        if line[i] in " \t":
             i += 1
             continue
         start = i
@@ -144,16 +152,25 @@ def _pam_words(line: str) -> list[str]:
                 i += 1
             i = min(i + 1, n)
         else:
-            while i < n and line[i] not in " \t\r\v\f[":
+            while i < n and line[i] not in " \t":
                 i += 1
+            if "[" in line[start:i]:
+                words.append(None)
+                continue
         words.append(line[start:i])
     return words
 
 
 def _pam(text: str, path: str) -> list[str]:
+    unusual = [why for pattern, why in _PAM_UNUSUAL if pattern.search(text)]
+    if unusual:
+        return [f"{why}, which PAM may read otherwise" for why in unusual]
     found = []
     for line in _pam_lines(text):
         words = _pam_words(line)
+        if None in words:
+            found.append(f"{line.strip()[:80]!r} has a bracket inside a word")
+            continue
         if path == "/etc/pam.conf":
             words = words[1:]  # the service's name first
         if not words:
@@ -161,9 +178,9 @@ def _pam(text: str, path: str) -> list[str]:
         at = 1 if words[0] == "@include" else 2
         if len(words) <= at:
             continue
-        module = words[at]
+        module = str(words[at])
         if module.rsplit("/", 1)[-1].startswith("pam_env"):
-            found += _pam_env_arguments(words[at + 1 :])
+            found += _pam_env_arguments([str(word) for word in words[at + 1 :]])
         if _IMAGE_PAM_MODULE.match(module):
             continue  # a module folder's, by its full path: judged as that folder's file
         if "/" in module:
@@ -190,38 +207,29 @@ def _pam_env_arguments(arguments: list[str]) -> list[str]:
     return found
 
 
-def _env_lines(text: str) -> list[str]:
-    """Every line pam_env could read: each physical line, and lines joined where one ends in
-    a backslash (whether a comment continues is left open: both readings are judged)."""
-    physical = text.replace("\r", "\n").split("\n")
-    joined, pending = [], ""
-    for raw in physical:
-        stripped = raw.rstrip(" \t")
-        if stripped.endswith("\\"):
-            pending += stripped[:-1]
-            continue
-        joined.append(pending + raw)
-        pending = ""
-    return [*physical, *joined, pending]
-
-
 def _env(text: str, path: str) -> list[str]:
     """What a line sets that is neither a locale, a time zone nor the system's PATH. An
     environment file's lines are `[export ]NAME=value`, pam_env.conf's `NAME [DEFAULT=...]
-    [OVERRIDE=...]`; a comment starts a line with `#`."""
+    [OVERRIDE=...]`; a comment starts a line with `#`. What pam_env could read otherwise (a
+    continued line, a control character) or expand (`${...}`, `@{...}`) is refused."""
+    unusual = [why for pattern, why in _ENV_UNUSUAL if pattern.search(text)]
+    if unusual:
+        return [f"{why}, which pam_env may read otherwise" for why in unusual]
     conf = "pam_env" in path.rsplit("/", 1)[-1]
     found = []
-    for line in _env_lines(text):
-        line = line.strip(" \t\v\f")
+    for line in text.replace("\r", "\n").split("\n"):
+        line = line.strip(" \t")
         if not line or line.startswith("#"):
             continue
-        if not conf:
-            line = re.sub(r"^export[ \t]+", "", line)
-        name, _, value = re.sub(r"[ \t=]", "\0", line, count=1).partition("\0")
+        if conf:  # the name, then its DEFAULT= and OVERRIDE= settings
+            name, _, value = re.sub(r"[ \t]", "\0", line, count=1).partition("\0")
+        else:  # everything before the `=` is the name pam_env sets
+            name, _, value = re.sub(r"^export[ \t]+", "", line).partition("=")
         value = value.strip().strip("\"'")
-        if _ENV_NAMES.fullmatch(name) and (name == "TZ" or "/" not in value):
+        plain = "${" not in value and "@{" not in value
+        if plain and _ENV_NAMES.fullmatch(name) and (name == "TZ" or "/" not in value):
             continue
-        if not conf and name == "PATH" and set(value.split(":")) <= _SYSTEM_PATH:
+        if plain and not conf and name == "PATH" and set(value.split(":")) <= _SYSTEM_PATH:
             continue
         found.append(f"{line[:80]!r} sets more than a locale, a time zone or the system's PATH")
     return found
