@@ -38,6 +38,9 @@ from clotho.verify.module_rules import MAX_CONFIG_BYTES, classify, problems
         ("/etc/environment", "removed", None),
         ("/app/.pam_environment", "added", ("env", "/app/.pam_environment")),  # a home there
         ("/usr/lib/environment.d/99-environment.conf", "added", None),  # systemd's link
+        ("/etc/update-motd.d/00-x", "added", "dpkg"),  # pam_motd runs them at login
+        ("/etc/update-motd.d/10-uname", "changed", "tamper"),
+        ("/etc/security/namespace.init", "changed", "tamper"),
         ("/etc/default/grub", "changed", None),
     ],
 )
@@ -119,6 +122,24 @@ def test_classify(path: str, kind: str, verdict) -> None:
             True,
         ),  # PAM reads 1023 bytes at a time: the rest is a line of its own
         ("pam", "/etc/pam.d/su", "session required pam_env.so readenv=1 user_readenv=1\n", False),
+        (
+            "pam",
+            "/etc/pam.d/su",
+            "session optional /lib/x86_64-linux-gnu/security/pam_exec.so /tmp/hook.sh\n",
+            True,
+        ),  # the image's pam_exec by its full path still runs a program
+        ("pam", "/etc/pam.d/su", "@INCLUDE /tmp/evil\n", True),  # PAM ignores the case
+        ("pam", "/etc/pam.d/su", "session optional [pam_exec.so] /tmp/hook.sh\n", True),
+        ("pam", "/etc/pam.d/su", "session required [pam_env.so] envfile=/tmp/e\n", True),
+        (
+            "pam",
+            "/etc/pam.d/su",
+            "session optional pam_permit.so "
+            + "\u00e9" * 496
+            + "session optional pam_exec.so /x\n",
+            True,
+        ),  # 1023 bytes in 527 characters: PAM counts bytes
+        ("env", "/etc/environment", "TZ=x" + "a" * 1019 + "LD_PRELOAD=/app/x.so\n", True),
         # pam_env reads only the environment files judged by their content.
         (
             "pam",

@@ -10,8 +10,9 @@ So:
 - the folders those modules are loaded from, and files named like a name-service module
   anywhere: what the agent added there must be the package manager's (`dpkg`), what it
   changed is tamper;
-- the configuration folders whose files name modules by path (p11-kit's, GSSAPI's): the
-  same;
+- the configuration folders whose files name modules by path (p11-kit's, GSSAPI's), and
+  the programs PAM's own modules run in a session (pam_motd's `/etc/update-motd.d`, which
+  Debian's `login` runs, pam_namespace's script): the same;
 - the configuration files that can name a module by path are read as their programs read
   them (`problems`): `nsswitch.conf` names services by plain names (a `/` anywhere before a
   comment is a path the C library would open), PAM names its modules and includes by plain
@@ -51,6 +52,9 @@ _NSS_MODULE = re.compile(r"(?:^|/)libnss_[^/]*$")
 _MODULE_CONFIG = re.compile(
     r"^/(?:etc/pkcs11|usr/share/p11-kit/modules|root/\.config/pkcs11|etc/gss)(?:/|$)"
 )
+# Programs PAM's own modules run in a session: pam_motd's run-parts (Debian's `login` has it),
+# pam_namespace's script.
+_SESSION_PROGRAMS = re.compile(r"^/etc/(?:update-motd\.d/|security/namespace\.init$)")
 # PAM reads /etc/pam.d/<service>, else /usr/lib/pam.d/<service>.
 _PAM_CONFIG = re.compile(r"^/(?:etc/pam\.conf|etc/pam\.d/.+|usr/lib/pam\.d/.+)$")
 _IMAGE_PAM_MODULE = re.compile(rf"^{_LIB_ROOT}/security/[^/]+$")
@@ -71,7 +75,8 @@ _SYSTEM_PATH = frozenset(
 )  # fmt: skip
 # pam_env's own arguments; its files must be ones judged here.
 _PAM_ENV_FLAGS = frozenset({"debug", "readenv=0", "readenv=1", "user_readenv=0", "user_readenv=1"})
-FOLDERS = ("/etc/pam.d", "/etc/security", "/etc/default")  # judged when replaced by a link
+# Judged when replaced by a link.
+FOLDERS = ("/etc/pam.d", "/etc/security", "/etc/default", "/etc/update-motd.d")
 CONTENT_KINDS = ("nss", "pam", "env")
 # What a content check reads of a file; a larger one is judged by its size alone.
 MAX_CONFIG_BYTES = 1 << 20
@@ -100,6 +105,8 @@ def classify(
         what = "a module the C library or PAM loads by name"
     elif _MODULE_CONFIG.match(path):
         what = "a configuration that names modules to load"
+    elif _SESSION_PROGRAMS.match(path):
+        what = "a program PAM runs in a session"
     else:
         return None
     return ("dpkg", path) if kind == "added" else f"{path} ({what}) {kind}"
@@ -118,20 +125,27 @@ def _nss(text: str) -> list[str]:
 
 # Linux-PAM and pam_env alike join a line ending in a backslash (a comment line never
 # continues, nor one with a `#` in it) to the next line that is not blank or a comment.
-_CONTINUED = (re.compile(r"^[ \t]*(?:[^ \t\n#][^#\n]*)?\\[ \t\r]*$", re.M), "a continued line")
-# A PAM line Linux-PAM could read otherwise than `_pam_words` (it reads 1023 bytes at a time,
-# splits on blanks and newlines only, and a `[` opens a bracket only where a word starts) is
-# refused, not guessed at; so is an environment file's line pam_env could.
-_PAM_UNUSUAL = (
-    (re.compile(r"[\r\v\f\0]"), "a control character"),
-    (re.compile(r"^.{1000}", re.M), "a line of 1000 characters or more"),
-    _CONTINUED,
-)
-_ENV_UNUSUAL = ((re.compile(r"[\v\f\0]"), "a control character"), _CONTINUED)
+_CONTINUED = re.compile(r"^[ \t]*(?:[^ \t\n#][^#\n]*)?\\[ \t\r]*$", re.M)
+
+
+def _unusual(text: str, carriage_returns: bool = False) -> list[str]:
+    """What Linux-PAM or pam_env could read otherwise than `_pam_words` and `_env` do: a
+    control character (they split on blanks and newlines only), a line of 1000 bytes or
+    more (both read 1023 bytes at a time and take the rest as a line of its own), a
+    continued line. Refused, not guessed at. (Text decoded with replacement characters only
+    counts more bytes than the file has.)"""
+    found = []
+    if re.search(r"[\v\f\0]" if carriage_returns else r"[\r\v\f\0]", text):
+        found.append("a control character")
+    if any(len(line.encode(errors="surrogateescape")) >= 1000 for line in text.split("\n")):
+        found.append("a line of 1000 bytes or more")
+    if _CONTINUED.search(text):
+        found.append("a continued line")
+    return found
 
 
 def _pam_lines(text: str) -> list[str]:
-    """Lines as Linux-PAM reads them where nothing in `_PAM_UNUSUAL` is found: a comment
+    """Lines as Linux-PAM reads them where `_unusual` finds nothing: a comment
     runs from `#` to the end of the line."""
     return [raw.split("#", 1)[0] for raw in text.split("\n")]
 
@@ -162,31 +176,34 @@ def _pam_words(line: str) -> list[str | None]:
 
 
 def _pam(text: str, path: str) -> list[str]:
-    unusual = [why for pattern, why in _PAM_UNUSUAL if pattern.search(text)]
+    unusual = _unusual(text)
     if unusual:
         return [f"{why}, which PAM may read otherwise" for why in unusual]
     found = []
     for line in _pam_lines(text):
         words = _pam_words(line)
-        if None in words:
-            found.append(f"{line.strip()[:80]!r} has a bracket inside a word")
-            continue
         if path == "/etc/pam.conf":
             words = words[1:]  # the service's name first
         if not words:
             continue
-        at = 1 if words[0] == "@include" else 2
+        # PAM compares `@include` ignoring case; a `[...]` is read as its inside in any field.
+        at = 1 if str(words[0]).lower() == "@include" else 2
+        control = 1 if at == 2 else None
+        if None in words or any(
+            str(w).startswith("[") for i, w in enumerate(words) if i != control
+        ):
+            found.append(f"{line.strip()[:80]!r} has a bracket outside its control")
+            continue
         if len(words) <= at:
             continue
         module = str(words[at])
-        if module.rsplit("/", 1)[-1].startswith("pam_env"):
+        base = module.rsplit("/", 1)[-1]
+        if base.startswith("pam_env"):
             found += _pam_env_arguments([str(word) for word in words[at + 1 :]])
-        if _IMAGE_PAM_MODULE.match(module):
-            continue  # a module folder's, by its full path: judged as that folder's file
-        if "/" in module:
-            found.append(f"{module!r} is loaded by path")
-        elif module.startswith("pam_exec"):
+        if base.startswith("pam_exec"):
             found.append(f"{module!r} runs a program")
+        elif "/" in module and not _IMAGE_PAM_MODULE.match(module):
+            found.append(f"{module!r} is loaded by path")
     return found
 
 
@@ -212,7 +229,7 @@ def _env(text: str, path: str) -> list[str]:
     environment file's lines are `[export ]NAME=value`, pam_env.conf's `NAME [DEFAULT=...]
     [OVERRIDE=...]`; a comment starts a line with `#`. What pam_env could read otherwise (a
     continued line, a control character) or expand (`${...}`, `@{...}`) is refused."""
-    unusual = [why for pattern, why in _ENV_UNUSUAL if pattern.search(text)]
+    unusual = _unusual(text, carriage_returns=True)
     if unusual:
         return [f"{why}, which pam_env may read otherwise" for why in unusual]
     conf = "pam_env" in path.rsplit("/", 1)[-1]
