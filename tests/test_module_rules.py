@@ -41,6 +41,9 @@ from clotho.verify.module_rules import MAX_CONFIG_BYTES, classify, problems
         ("/etc/update-motd.d/00-x", "added", "dpkg"),  # pam_motd runs them at login
         ("/etc/update-motd.d/10-uname", "changed", "tamper"),
         ("/etc/security/namespace.init", "changed", "tamper"),
+        ("/etc/login.defs", "changed", ("defs", "/etc/login.defs")),
+        ("/etc/default/su", "added", ("defs", "/etc/default/su")),
+        ("/etc/sudo.conf", "changed", "tamper"),  # names its plugins by path
         ("/etc/default/grub", "changed", None),
     ],
 )
@@ -140,6 +143,12 @@ def test_classify(path: str, kind: str, verdict) -> None:
             True,
         ),  # 1023 bytes in 527 characters: PAM counts bytes
         ("env", "/etc/environment", "TZ=x" + "a" * 1019 + "LD_PRELOAD=/app/x.so\n", True),
+        # su and runuser take the PATH of what they run from these settings.
+        ("defs", "/etc/default/su", "ALWAYS_SET_PATH yes\nENV_PATH PATH=/tmp/bin:/bin\n", True),
+        ("defs", "/etc/login.defs", "ENV_SUPATH\tPATH=/usr/sbin:/usr/bin:/sbin:/bin\n", False),
+        ("defs", "/etc/login.defs", "PASS_MAX_DAYS 90\nUMASK 027 # stricter\n", False),
+        ("defs", "/etc/login.defs", "USERDEL_CMD /app/cleanup.sh\n", True),
+        ("defs", "/etc/login.defs", "# ENV_PATH PATH=/app\n", False),
         # pam_env reads only the environment files judged by their content.
         (
             "pam",

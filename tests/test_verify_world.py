@@ -972,6 +972,11 @@ MODULE_PLANTS = {
         "/etc/environment",
     ),
     "locale": ("echo 'export PYTHONPATH=/app' >> /etc/default/locale", "/etc/default/locale"),
+    # su and runuser put the agent's folder first on the PATH of what they run.
+    "su-path": (
+        "printf 'ALWAYS_SET_PATH yes\\nENV_SUPATH PATH=/tmp/bin:/usr/bin:/bin\\n' > /etc/default/su",
+        "/etc/default/su",
+    ),
     "pam-env": (
         "echo 'PATH=/app:/usr/bin' > /app/e && "
         "echo 'session required pam_env.so envfile=/app/e' >> /etc/pam.d/su",

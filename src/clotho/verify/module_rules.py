@@ -48,10 +48,17 @@ _MODULE_FOLDERS = re.compile(rf"^{_LIB_ROOT}/(?:gconv|security|pkcs11|sasl2)(?:/
 _OPENSSL_MODULES = re.compile(r"/(?:ossl-modules|engines-\d+)(?:/|$)")
 # A name-service module anywhere: the loader's configuration may list any folder.
 _NSS_MODULE = re.compile(r"(?:^|/)libnss_[^/]*$")
-# Configuration folders whose files name modules by path.
+# Configuration folders whose files name modules by path (sudo.conf its plugins).
 _MODULE_CONFIG = re.compile(
     r"^/(?:etc/pkcs11|usr/share/p11-kit/modules|root/\.config/pkcs11|etc/gss)(?:/|$)"
+    r"|^/etc/sudo\.conf$"
 )
+# shadow's and util-linux's settings (`su`, `runuser`, `login`, `userdel`): the keys that
+# name a search path or a program to run are judged; the rest (password ageing, umask...) is
+# the task's business.
+_LOGIN_DEFS = re.compile(r"^/etc/(?:login\.defs|default/su|default/runuser)$")
+_DEFS_PATHS = frozenset({"ENV_PATH", "ENV_SUPATH"})
+_DEFS_PROGRAMS = frozenset({"FAKE_SHELL", "USERDEL_CMD"})
 # Programs PAM's own modules run in a session: pam_motd's run-parts (Debian's `login` has it),
 # pam_namespace's script.
 _SESSION_PROGRAMS = re.compile(r"^/etc/(?:update-motd\.d/|security/namespace\.init$)")
@@ -77,7 +84,7 @@ _SYSTEM_PATH = frozenset(
 _PAM_ENV_FLAGS = frozenset({"debug", "readenv=0", "readenv=1", "user_readenv=0", "user_readenv=1"})
 # Judged when replaced by a link.
 FOLDERS = ("/etc/pam.d", "/etc/security", "/etc/default", "/etc/update-motd.d")
-CONTENT_KINDS = ("nss", "pam", "env")
+CONTENT_KINDS = ("nss", "pam", "env", "defs")
 # What a content check reads of a file; a larger one is judged by its size alone.
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -93,6 +100,10 @@ def classify(
     # A home may be in the workdir (a user's ~/.pam_environment, read with user_readenv=1).
     if kind == "removed" or (in_workdir and not path.endswith("/.pam_environment")):
         return None
+    if _LOGIN_DEFS.match(path):
+        if link:
+            return f"{path} (the settings su and login read, made a link) {kind}"
+        return ("defs", path)
     if path == "/etc/nsswitch.conf" or _PAM_CONFIG.match(path) or _ENV_FILE.search(path):
         if link:  # what a link names may depend on who reads it (/proc/self/cwd/...)
             return f"{path} (a configuration that names modules, made a link) {kind}"
@@ -252,6 +263,22 @@ def _env(text: str, path: str) -> list[str]:
     return found
 
 
+def _defs(text: str) -> list[str]:
+    """login.defs(5): `KEY VALUE` lines, `#` comments. `su` and `runuser` set the PATH of
+    what they run from ENV_PATH and ENV_SUPATH (`PATH=` optional): system folders only;
+    FAKE_SHELL and USERDEL_CMD name a program to run."""
+    found = []
+    for line in text.split("\n"):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        key, value = words[0], " ".join(words[1:])
+        entries = set(value.removeprefix("PATH=").split(":"))
+        if (key in _DEFS_PATHS and not entries <= _SYSTEM_PATH) or key in _DEFS_PROGRAMS:
+            found.append(f"{line.strip()[:80]!r} names a program or a search path")
+    return found
+
+
 def problems(kind: str, path: str, text: str) -> list[str]:
     """Why the configuration at `path` (its first `MAX_CONFIG_BYTES`) lets a test process
     load the agent's code; empty when it names modules only as the image does."""
@@ -261,6 +288,8 @@ def problems(kind: str, path: str, text: str) -> list[str]:
         found = _nss(text)
     elif kind == "pam":
         found = _pam(text, path)
+    elif kind == "defs":
+        found = _defs(text)
     else:
         found = _env(text, path)
     return [f"{path} (a configuration that loads code: {reason}) changed" for reason in found]
