@@ -149,6 +149,9 @@ def test_classify(path: str, kind: str, verdict) -> None:
         ("defs", "/etc/login.defs", "PASS_MAX_DAYS 90\nUMASK 027 # stricter\n", False),
         ("defs", "/etc/login.defs", "USERDEL_CMD /app/cleanup.sh\n", True),
         ("defs", "/etc/login.defs", "# ENV_PATH PATH=/app\n", False),
+        ("defs", "/etc/default/su", "ENV_PATH=PATH=/tmp/bin:/bin\n", True),  # `=` ends a name
+        ("defs", "/etc/default/su", 'env_supath "PATH=/tmp/bin"\n', True),
+        ("defs", "/etc/default/su", "UMASK 022" + " " * 8190 + "ENV_PATH /tmp\n", True),
         # pam_env reads only the environment files judged by their content.
         (
             "pam",

@@ -264,15 +264,19 @@ def _env(text: str, path: str) -> list[str]:
 
 
 def _defs(text: str) -> list[str]:
-    """login.defs(5): `KEY VALUE` lines, `#` comments. `su` and `runuser` set the PATH of
-    what they run from ENV_PATH and ENV_SUPATH (`PATH=` optional): system folders only;
-    FAKE_SHELL and USERDEL_CMD name a program to run."""
+    """login.defs(5) as util-linux reads it: a name ends at a blank or `=`, its value follows
+    any blanks, `=` and `"`; `#` starts a comment; lines are read 8 KiB at a time (a line of
+    1000 bytes or more is refused). `su` and `runuser` set the PATH of what they run from
+    ENV_PATH and ENV_SUPATH (`PATH=` optional): system folders only; FAKE_SHELL and
+    USERDEL_CMD name a program to run. Names are compared ignoring case."""
+    if any(len(line.encode(errors="surrogateescape")) >= 1000 for line in text.split("\n")):
+        return ["a line of 1000 bytes or more, which su may read otherwise"]
     found = []
     for line in text.split("\n"):
-        words = line.split("#", 1)[0].split()
-        if not words:
+        match = re.match(r'\s*([^\s=]+)[\s="]*(.*)', line.split("#", 1)[0])
+        if not match:
             continue
-        key, value = words[0], " ".join(words[1:])
+        key, value = match.group(1).upper(), match.group(2).strip().strip('"')
         entries = set(value.removeprefix("PATH=").split(":"))
         if (key in _DEFS_PATHS and not entries <= _SYSTEM_PATH) or key in _DEFS_PROGRAMS:
             found.append(f"{line.strip()[:80]!r} names a program or a search path")
