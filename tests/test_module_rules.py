@@ -44,6 +44,9 @@ from clotho.verify.module_rules import MAX_CONFIG_BYTES, classify, problems
         ("/etc/login.defs", "changed", ("defs", "/etc/login.defs")),
         ("/etc/default/su", "added", ("defs", "/etc/default/su")),
         ("/etc/sudo.conf", "changed", "tamper"),  # names its plugins by path
+        ("/etc/shadow-maint/useradd-pre.d/x", "added", "dpkg"),  # useradd runs them
+        ("/usr/local/sbin/deluser.local", "added", "dpkg"),
+        ("/etc/default/useradd", "changed", ("defs", "/etc/default/useradd")),
         ("/etc/default/grub", "changed", None),
     ],
 )
@@ -152,6 +155,8 @@ def test_classify(path: str, kind: str, verdict) -> None:
         ("defs", "/etc/default/su", "ENV_PATH=PATH=/tmp/bin:/bin\n", True),  # `=` ends a name
         ("defs", "/etc/default/su", 'env_supath "PATH=/tmp/bin"\n', True),
         ("defs", "/etc/default/su", "UMASK 022" + " " * 8190 + "ENV_PATH /tmp\n", True),
+        ("defs", "/etc/default/useradd", "SHELL=/bin/bash\nHOME=/home\n", False),
+        ("defs", "/etc/default/useradd", "SHELL=/tmp/evsh\n", True),  # what su user -c runs
         # pam_env reads only the environment files judged by their content.
         (
             "pam",

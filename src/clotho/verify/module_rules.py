@@ -56,12 +56,22 @@ _MODULE_CONFIG = re.compile(
 # shadow's and util-linux's settings (`su`, `runuser`, `login`, `userdel`): the keys that
 # name a search path or a program to run are judged; the rest (password ageing, umask...) is
 # the task's business.
-_LOGIN_DEFS = re.compile(r"^/etc/(?:login\.defs|default/su|default/runuser)$")
+_LOGIN_DEFS = re.compile(r"^/etc/(?:login\.defs|default/(?:su|runuser|useradd))$")
 _DEFS_PATHS = frozenset({"ENV_PATH", "ENV_SUPATH"})
 _DEFS_PROGRAMS = frozenset({"FAKE_SHELL", "USERDEL_CMD"})
-# Programs PAM's own modules run in a session: pam_motd's run-parts (Debian's `login` has it),
-# pam_namespace's script.
-_SESSION_PROGRAMS = re.compile(r"^/etc/(?:update-motd\.d/|security/namespace\.init$)")
+# useradd's default SHELL is what `su user -c` runs: the image's usual shells only.
+_SHELLS = frozenset(
+    f"{prefix}/{name}"
+    for prefix in ("/bin", "/usr/bin", "/sbin", "/usr/sbin")
+    for name in ("sh", "bash", "dash", "zsh", "nologin", "false")
+)
+# Programs run for the tests' account and session tools: pam_motd's run-parts (Debian's
+# `login` has it), pam_namespace's script, useradd's and userdel's hook folders, adduser's and
+# deluser's local scripts.
+_SESSION_PROGRAMS = re.compile(
+    r"^/etc/(?:update-motd\.d/|security/namespace\.init$|shadow-maint/)"
+    r"|^/usr/local/sbin/(?:adduser|deluser)\.local$"
+)
 # PAM reads /etc/pam.d/<service>, else /usr/lib/pam.d/<service>.
 _PAM_CONFIG = re.compile(r"^/(?:etc/pam\.conf|etc/pam\.d/.+|usr/lib/pam\.d/.+)$")
 _IMAGE_PAM_MODULE = re.compile(rf"^{_LIB_ROOT}/security/[^/]+$")
@@ -83,7 +93,7 @@ _SYSTEM_PATH = frozenset(
 # pam_env's own arguments; its files must be ones judged here.
 _PAM_ENV_FLAGS = frozenset({"debug", "readenv=0", "readenv=1", "user_readenv=0", "user_readenv=1"})
 # Judged when replaced by a link.
-FOLDERS = ("/etc/pam.d", "/etc/security", "/etc/default", "/etc/update-motd.d")
+FOLDERS = ("/etc/pam.d", "/etc/security", "/etc/default", "/etc/update-motd.d", "/etc/shadow-maint")
 CONTENT_KINDS = ("nss", "pam", "env", "defs")
 # What a content check reads of a file; a larger one is judged by its size alone.
 MAX_CONFIG_BYTES = 1 << 20
@@ -268,7 +278,8 @@ def _defs(text: str) -> list[str]:
     any blanks, `=` and `"`; `#` starts a comment; lines are read 8 KiB at a time (a line of
     1000 bytes or more is refused). `su` and `runuser` set the PATH of what they run from
     ENV_PATH and ENV_SUPATH (`PATH=` optional): system folders only; FAKE_SHELL and
-    USERDEL_CMD name a program to run. Names are compared ignoring case."""
+    USERDEL_CMD name a program to run; useradd's SHELL (`/etc/default/useradd`) is one of
+    the usual shells. Names are compared ignoring case."""
     if any(len(line.encode(errors="surrogateescape")) >= 1000 for line in text.split("\n")):
         return ["a line of 1000 bytes or more, which su may read otherwise"]
     found = []
@@ -278,7 +289,11 @@ def _defs(text: str) -> list[str]:
             continue
         key, value = match.group(1).upper(), match.group(2).strip().strip('"')
         entries = set(value.removeprefix("PATH=").split(":"))
-        if (key in _DEFS_PATHS and not entries <= _SYSTEM_PATH) or key in _DEFS_PROGRAMS:
+        if (
+            (key in _DEFS_PATHS and not entries <= _SYSTEM_PATH)
+            or key in _DEFS_PROGRAMS
+            or (key == "SHELL" and value not in _SHELLS)
+        ):
             found.append(f"{line.strip()[:80]!r} names a program or a search path")
     return found
 
