@@ -977,6 +977,11 @@ MODULE_PLANTS = {
         "printf 'ALWAYS_SET_PATH yes\\nENV_SUPATH PATH=/tmp/bin:/usr/bin:/bin\\n' > /etc/default/su",
         "/etc/default/su",
     ),
+    # useradd runs every program in its hook folders, as root.
+    "useradd-hook": (
+        "mkdir -p /etc/shadow-maint/useradd-pre.d && cp /bin/true /etc/shadow-maint/useradd-pre.d/x",
+        "/etc/shadow-maint/useradd-pre.d/x",
+    ),
     "pam-env": (
         "echo 'PATH=/app:/usr/bin' > /app/e && "
         "echo 'session required pam_env.so envfile=/app/e' >> /etc/pam.d/su",
