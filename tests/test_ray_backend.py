@@ -567,3 +567,22 @@ async def test_docker_sandboxes_run_on_the_nodes_too(cluster: LocalRayCluster) -
             assert await box.read_file("/app/x") == b"through the actor"
         for box in boxes:
             await pool.release(box)
+
+
+def test_a_head_whose_port_was_taken_starts_again_on_a_fresh_one() -> None:
+    """The cluster's ports are chosen free and bound by Ray moments later: another process
+    that took the head's port in between cost a run two setup errors. The failed start is
+    ended whole and the head starts on a fresh port."""
+    cluster = LocalRayCluster(nodes=1)
+    taken_port = cluster.port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", taken_port))
+        taken.listen()
+        try:
+            cluster.start()
+            assert cluster.port != taken_port
+            assert cluster.address == f"127.0.0.1:{cluster.port}"
+            assert len(cluster.groups) == 1, "the failed start's group was kept"
+        finally:
+            cluster.stop()
+    assert cluster.leftovers() == []

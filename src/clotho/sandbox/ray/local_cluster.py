@@ -61,6 +61,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+class _StartFailed(Exception):
+    """`ray start` exited with an error (its output is the message)."""
+
+
 class LocalRayCluster:
     """`nodes` Ray nodes on this machine (node 0 is the head), 1 CPU each."""
 
@@ -73,7 +77,24 @@ class LocalRayCluster:
         self.ray = str(Path(sys.executable).parent / "ray")
         self._seen: set[int] = set()
 
-    def _start(self, index: int) -> None:
+    def _start(self, index: int, attempts: int = 3) -> None:
+        """Start node `index`. Its ports are chosen free here and bound by Ray moments later,
+        so another process may take one in between: a start that fails is ended whole and
+        tried again on fresh ports (the head's address too), up to `attempts` times."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(index)
+                return
+            except _StartFailed as failed:
+                if attempt == attempts:
+                    raise RuntimeError(
+                        f"ray start (node {index}) failed {attempts} times:\n{failed}"
+                    ) from None
+                if index == 0:
+                    self.port = _free_port()
+                    self.address = f"127.0.0.1:{self.port}"
+
+    def _start_once(self, index: int) -> None:
         args = [
             self.ray,
             "start",
@@ -105,7 +126,9 @@ class LocalRayCluster:
         self.groups.append(proc.pid)
         out, _ = proc.communicate(timeout=120)
         if proc.returncode != 0:
-            raise RuntimeError(f"ray start (node {index}) failed:\n{out[-3000:]}")
+            self.kill_node(len(self.groups) - 1)  # whatever daemons it left
+            self.groups.pop()
+            raise _StartFailed(out[-3000:])
 
     def start(self) -> LocalRayCluster:
         try:
