@@ -571,7 +571,7 @@ async def test_docker_sandboxes_run_on_the_nodes_too(cluster: LocalRayCluster) -
 
 def test_a_head_whose_port_was_taken_starts_again_on_a_fresh_one() -> None:
     """The cluster's ports are chosen free and bound by Ray moments later: another process
-    that took the head's port in between cost a run two setup errors. The failed start is
+    that took the head's port in between fails the start. The failed start is
     ended whole and the head starts on a fresh port."""
     cluster = LocalRayCluster(nodes=1)
     taken_port = cluster.port

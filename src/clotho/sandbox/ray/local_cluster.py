@@ -24,10 +24,17 @@ import time
 from pathlib import Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_port(taken: set[int]) -> int:
+    """A port free now and not in `taken` (which it joins): two ports asked for one after the
+    other may be the same one, freed in between, and Ray refuses a port given to two of its
+    components (`gcs_server` and `dashboard_agent_http` were once both 56425)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            taken.add(port)
+            return port
 
 
 def _children() -> dict[int, list[int]]:
@@ -71,7 +78,8 @@ class LocalRayCluster:
     def __init__(self, nodes: int = 3) -> None:
         self.nodes = nodes
         self.temp_dir = Path(tempfile.mkdtemp(prefix="clotho-ray-", dir="/tmp"))
-        self.port = _free_port()
+        self._ports: set[int] = set()
+        self.port = _free_port(self._ports)
         self.address = f"127.0.0.1:{self.port}"
         self.groups: list[int] = []  # process group of each node's daemons
         self.ray = str(Path(sys.executable).parent / "ray")
@@ -91,7 +99,7 @@ class LocalRayCluster:
                         f"ray start (node {index}) failed {attempts} times:\n{failed}"
                     ) from None
                 if index == 0:
-                    self.port = _free_port()
+                    self.port = _free_port(self._ports)
                     self.address = f"127.0.0.1:{self.port}"
 
     def _start_once(self, index: int) -> None:
@@ -102,14 +110,14 @@ class LocalRayCluster:
             "--num-cpus=1",
             f"--resources={json.dumps({f'clotho_node{index}': 1})}",
             "--disable-usage-stats",
-            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-listen-port={_free_port(self._ports)}",
         ]
         if index == 0:
             args += [
                 "--head",
                 f"--port={self.port}",
                 "--include-dashboard=false",
-                f"--ray-client-server-port={_free_port()}",
+                f"--ray-client-server-port={_free_port(self._ports)}",
                 f"--temp-dir={self.temp_dir}",
             ]
         else:
